@@ -1,0 +1,1 @@
+"""roofcal: physics-informed, calibrated step-time models for LLM inference."""

@@ -1,0 +1,27 @@
+"""Where the bundled data lives: model configs, measurements, BLIS files and fitted coefficients.
+
+roofcal is installed editable (``pip install -e .``) from its source tree, and the bundled folders
+sit at the top of that tree beside the package: ``model_configs/``, ``coeffs/`` and ``data/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_CONFIGS = ROOT / "model_configs"
+COEFFS = ROOT / "coeffs"
+DATA = ROOT / "data"
+MICROBENCH = DATA / "microbench"
+STEPS = DATA / "steps"
+BLIS = DATA / "blis"
+HARDWARE = Path(__file__).resolve().parent / "hardware"
+
+
+def display(path: Path) -> str:
+    """``path`` relative to the source tree when it lies inside it (stable in files we write)."""
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
