@@ -1,1 +1,35 @@
-"""roofcal: physics-informed, calibrated step-time models for LLM inference."""
+"""roofcal: physics-informed, calibrated step-time models for LLM inference (vLLM), with export to BLIS.
+
+Data flows one way — config + datasheet → components → corrections → combine → loss → optimizer →
+coefficients → exporters and residual reports; each stage is a module of its own:
+
+=====================  =========================================================================
+``config``             HuggingFace ``config.json`` → :class:`ModelSpec`
+``hardware``           GPU datasheets → :class:`GPUSpec`
+``steps``              step JSONL ↔ :class:`Step` ↔ padded :class:`StepBatch`
+``components``         analytical work (FLOPs, bytes) of each kernel
+``decompose``          a model's step → its kernel calls
+``correction``         efficiency surfaces, latencies, soft max, step overheads
+``model``              corrected kernels + overheads → step time and breakdown
+``predict``            the ``roofcal predict`` API
+=====================  =========================================================================
+"""
+
+__version__ = "0.1.0"
+
+from .errors import RoofcalError  # noqa: E402
+
+__all__ = ["RoofcalError", "__version__", "predict", "load_model", "load_gpu"]
+
+
+def __getattr__(name):  # lazy, so ``import roofcal`` stays light for the CLI's error paths
+    if name == "predict":
+        from .predict import predict
+        return predict
+    if name == "load_model":
+        from .config import load_model
+        return load_model
+    if name == "load_gpu":
+        from .hardware import load_gpu
+        return load_gpu
+    raise AttributeError(name)

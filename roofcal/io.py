@@ -54,3 +54,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 def sha256_text(text: str) -> str:
     """Hex SHA-256 of a string's UTF-8 bytes."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def write_csv_atomic(df, path: str | os.PathLike) -> None:
+    """Write a DataFrame as CSV atomically, floats with 10 significant digits (stable bytes)."""
+    write_text_atomic(path, df.to_csv(index=False, float_format="%.10g", lineterminator="\n"))

@@ -1,0 +1,51 @@
+"""Attention kernels: causal prefill (with a cached prefix, i.e. chunked prefill) and decode.
+
+Heads are those of one GPU. ``qk_dim`` is the query/key head size, ``v_dim`` the value head size
+(equal for standard attention). ``kv_elems`` is the KV-cache elements stored per token per layer on
+this GPU (``kv_heads·(qk_dim + v_dim)`` normally; the latent width for MLA).
+"""
+
+from __future__ import annotations
+
+from .base import Work
+
+
+def prefill_attention(seqs, new_tokens, pairs, cached_tokens, heads, kv_heads, qk_dim, v_dim,
+                      kv_elems, act_bytes=2.0, kv_bytes=2.0) -> Work:
+    """Work of one varlen causal-attention call over ``seqs`` prefill chunks.
+
+    ``new_tokens`` = Σ new, ``cached_tokens`` = Σ cached (prefix KV read), ``pairs`` = causal
+    (query, key) pairs Σ new·(cached + (new+1)/2).
+    FLOPs = 2·heads·(qk_dim + v_dim)·pairs (QKᵀ and PV, multiply-add = 2).
+    Bytes = Q read + O write: new·heads·(qk_dim + v_dim)·act_bytes
+          + K,V read of prefix and chunk, and KV-cache write of the chunk:
+            (cached + 2·new)·kv_elems·kv_bytes.
+    Shape descriptors: (seqs, new per seq, cached per seq, heads, kv_heads, qk_dim).
+
+    Example: one 128-token chunk, no cache, 32 heads of 128: pairs = 128·129/2 = 8256,
+    FLOPs = 2·32·256·8256 = 135,266,304.
+    """
+    flops = 2.0 * heads * (qk_dim + v_dim) * pairs
+    nbytes = new_tokens * heads * (qk_dim + v_dim) * act_bytes \
+        + (cached_tokens + 2.0 * new_tokens) * kv_elems * kv_bytes
+    per_seq = seqs + (seqs == 0)
+    return Work(flops, nbytes, (seqs, new_tokens / per_seq, cached_tokens / per_seq, heads,
+                                kv_heads, qk_dim))
+
+
+def decode_attention(seqs, kv_tokens, heads, kv_heads, qk_dim, v_dim, kv_elems, act_bytes=2.0,
+                     kv_bytes=2.0) -> Work:
+    """Work of one decode-attention call: ``seqs`` single queries over ``kv_tokens`` keys in all.
+
+    ``kv_tokens`` = Σ (context + 1) (each query also attends to its own new key).
+    FLOPs = 2·heads·(qk_dim + v_dim)·kv_tokens.
+    Bytes = KV read kv_tokens·kv_elems·kv_bytes + KV write of the new tokens seqs·kv_elems·kv_bytes
+          + Q read and O write seqs·heads·(qk_dim + v_dim)·act_bytes.
+    Shape descriptors: (seqs, context per seq, heads, kv_heads, qk_dim).
+
+    Example: 1 sequence at context 1023, 8 KV heads of 128, bf16: KV read 1024·2048·2 = 4 MiB.
+    """
+    flops = 2.0 * heads * (qk_dim + v_dim) * kv_tokens
+    nbytes = (kv_tokens + seqs) * kv_elems * kv_bytes + seqs * heads * (qk_dim + v_dim) * act_bytes
+    per_seq = seqs + (seqs == 0)
+    return Work(flops, nbytes, (seqs, kv_tokens / per_seq - 1.0, heads, kv_heads, qk_dim))

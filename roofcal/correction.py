@@ -1,0 +1,224 @@
+"""The learned correction layer: from ideal (roofline) times to predicted kernel times.
+
+For a kernel with ideal compute time ``tc = FLOPs / peak`` and ideal memory time
+``tm = bytes / bandwidth`` (µs), the predicted time is::
+
+    t = latency + smax_q(tc / eff_c(z), tm / eff_m(z)),   smax_q(a, b) = (a^q + b^q)^(1/q)
+
+* ``eff_c``, ``eff_m`` ∈ (0, 1): achieved fraction of the compute / memory peak. Each is a logistic
+  function of a polynomial (degree ≤ 3) in the kernel's standardized log-shape
+  ``z_j = (log2(1 + x_j) − c_j) / s_j`` (for a GEMM ``x = (m, n, k)``). Small kernels run far
+  below peak (low occupancy, tile and wave quantization) and the surface learns where and how fast
+  efficiency rises with the amount of work. Outside the shapes seen in fitting ``z`` is clamped to
+  the fitted range, so efficiency stays flat instead of extrapolating a polynomial.
+* ``latency`` ≥ 0 µs: fixed cost of a call (launch, prologue, synchronisation).
+* ``q`` ≥ 1: soft-max sharpness; q = 1 adds compute and memory time, q → ∞ takes the larger.
+
+At step level (:class:`StepCorrection`), overheads in µs: per step, per layer, per prefill
+sequence, per decode sequence and per token; and ``mix`` ≥ 1, the soft-max sharpness combining
+the prefill and decode attention calls of a mixed step (1 = they run one after the other).
+
+All parameters are stored unconstrained ("raw") for optimisation and mapped into their valid
+ranges by construction: sigmoid (efficiencies), softplus (latencies, overheads), 1 + softplus
+(sharpness). The coefficient file stores the physical values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OpKind:
+    """A kernel family: its shape descriptors, their standardisation and the surface degree.
+
+    ``center`` / ``scale`` are in log2(1 + x) units and fixed in code, so a fitted surface means
+    the same thing on every machine. ``link`` marks communication (memory time over the GPU link
+    rather than HBM).
+    """
+
+    name: str
+    descriptors: tuple[str, ...]
+    center: tuple[float, ...]
+    scale: tuple[float, ...]
+    degree: int
+    default_variant: str
+    link: bool = False
+
+
+OP_KINDS: dict[str, OpKind] = {k.name: k for k in [
+    OpKind("gemm", ("m", "n", "k"), (7, 11, 11), (4, 3, 3), 3, "bf16"),
+    OpKind("attn_prefill", ("seqs", "seq_len", "cached", "heads", "kv_heads", "head_dim"),
+           (3, 10, 0, 4, 2, 7), (3, 3, 4, 2, 2, 1), 3, "bf16"),
+    OpKind("attn_decode", ("seqs", "context", "heads", "kv_heads", "head_dim"),
+           (5, 10, 4, 2, 7), (3, 4, 2, 2, 1), 3, "bf16"),
+    OpKind("allreduce", ("num_gpus", "bytes"), (2, 20), (1, 6), 3, "custom", link=True),
+    OpKind("moe", ("tokens", "hidden", "inter", "topk", "experts", "tp", "ep", "skew"),
+           (7, 12, 11, 3, 6, 1, 1, 0), (4, 1, 2, 1, 2, 1, 2, 1), 3, "bf16"),
+    OpKind("elementwise", ("tokens", "hidden"), (8, 12), (4, 1), 1, "bf16"),
+]}
+
+#: physically neutral defaults (used without a coefficient file): roofline at peak, no latency
+NEUTRAL_EFFICIENCY = 1.0 - 1e-5
+NEUTRAL_SHARPNESS = 32.0
+STEP_OVERHEADS = ("step_us", "layer_us", "prefill_seq_us", "decode_seq_us", "token_us")
+
+
+# --------------------------------------------------------------------------------------------
+# constrained ↔ raw maps (float64-safe numpy versions for files, jnp versions for the model)
+
+def softplus_inv(y: float) -> float:
+    """x with softplus(x) = y (y > 0)."""
+    y = float(y)
+    return y + math.log(-math.expm1(-y)) if y < 30 else y
+
+
+def logit(p: float) -> float:
+    p = min(max(float(p), 1e-12), 1 - 1e-12)
+    return math.log(p / (1 - p))
+
+
+def softplus(x):
+    return jax.nn.softplus(x)
+
+
+# --------------------------------------------------------------------------------------------
+# efficiency surface
+
+@lru_cache(maxsize=None)
+def exponents(n_desc: int, degree: int) -> np.ndarray:
+    """Monomial exponents (terms × descriptors) of a full polynomial, constant term first."""
+    rows = [(0,) * n_desc]
+    for d in range(1, degree + 1):
+        for combo in itertools.combinations_with_replacement(range(n_desc), d):
+            e = [0] * n_desc
+            for j in combo:
+                e[j] += 1
+            rows.append(tuple(e))
+    return np.array(rows, dtype=np.int32)
+
+
+def degree_of(n_desc: int, n_terms: int) -> int:
+    """The polynomial degree whose term count over ``n_desc`` descriptors is ``n_terms``."""
+    for deg in range(0, 8):
+        if len(exponents(n_desc, deg)) == n_terms:
+            return deg
+    raise ValueError(f"{n_terms} terms is no full polynomial in {n_desc} variables")
+
+
+def term_names(kind: str, degree: int) -> list[str]:
+    """Readable monomial names, e.g. ``1``, ``m``, ``m*k``, ``n^2``."""
+    desc = OP_KINDS[kind].descriptors
+    names = []
+    for row in exponents(len(desc), degree):
+        parts = [d if e == 1 else f"{d}^{e}" for d, e in zip(desc, row) if e]
+        names.append("*".join(parts) or "1")
+    return names
+
+
+def standardize(kind: str, shape) -> jnp.ndarray:
+    """Descriptor arrays → standardized log-shape ``z`` of shape (..., n_desc)."""
+    k = OP_KINDS[kind]
+    cols = [(jnp.log2(1.0 + jnp.asarray(x, jnp.float32)) - c) / s
+            for x, c, s in zip(shape, k.center, k.scale)]
+    cols = jnp.broadcast_arrays(*cols)
+    return jnp.stack(cols, axis=-1)
+
+
+def features(z, lo, hi, degree: int) -> jnp.ndarray:
+    """Polynomial features (..., terms) of ``z`` clamped to [lo, hi]."""
+    zc = jnp.clip(z, lo, hi)
+    e = jnp.asarray(exponents(z.shape[-1], degree), jnp.float32)
+    return jnp.prod(zc[..., None, :] ** e, axis=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# one kernel
+
+def neutral_op_params(kind: str, degree: int | None = None) -> dict:
+    """Raw parameters of the neutral correction: efficiency ≈ 1, no latency, near-hard max."""
+    k = OP_KINDS[kind]
+    deg = k.degree if degree is None else degree
+    n = len(exponents(len(k.descriptors), deg))
+    w = np.zeros(n, np.float32)
+    w[0] = logit(NEUTRAL_EFFICIENCY)
+    return {
+        "eff_c": jnp.asarray(w), "eff_m": jnp.asarray(w),
+        "latency": jnp.asarray(softplus_inv(1e-9), jnp.float32),
+        "sharpness": jnp.asarray(softplus_inv(NEUTRAL_SHARPNESS - 1.0), jnp.float32),
+        "lo": jnp.full(len(k.descriptors), -4.0, jnp.float32),
+        "hi": jnp.full(len(k.descriptors), 4.0, jnp.float32),
+    }
+
+
+def smax(a, b, q):
+    """Soft maximum (a^q + b^q)^(1/q) of non-negative times, stable for large q; 0 when both 0."""
+    mx = jnp.maximum(jnp.maximum(a, b), 1e-30)
+    return mx * ((a / mx) ** q + (b / mx) ** q) ** (1.0 / q)
+
+
+def efficiencies(p: dict, kind: str, shape):
+    """(compute efficiency, memory efficiency) in (0, 1) for descriptor arrays ``shape``."""
+    z = standardize(kind, shape)
+    deg = degree_of(z.shape[-1], p["eff_c"].shape[0])
+    f = features(z, jax.lax.stop_gradient(p["lo"]), jax.lax.stop_gradient(p["hi"]), deg)
+    return jax.nn.sigmoid(f @ p["eff_c"]), jax.nn.sigmoid(f @ p["eff_m"])
+
+
+def op_time_from_features(p: dict, f, tc, tm):
+    """Corrected time (µs) from precomputed features ``f`` (fitting's hot path)."""
+    ec = jax.nn.sigmoid(f @ p["eff_c"])
+    em = jax.nn.sigmoid(f @ p["eff_m"])
+    q = 1.0 + softplus(p["sharpness"])
+    t = softplus(p["latency"]) + smax(tc / ec, tm / em, q)
+    return jnp.where(tc + tm > 0, t, 0.0)
+
+
+def op_time(p: dict, kind: str, shape, tc, tm):
+    """Corrected time (µs) of kernel calls with ideal times ``tc``, ``tm`` (µs); 0 where no work."""
+    ec, em = efficiencies(p, kind, shape)
+    q = 1.0 + softplus(p["sharpness"])
+    t = softplus(p["latency"]) + smax(tc / ec, tm / em, q)
+    return jnp.where(tc + tm > 0, t, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# step level
+
+def neutral_step_params() -> dict:
+    """No overheads; prefill and decode attention of a mixed step add up."""
+    return {"overheads": jnp.full(len(STEP_OVERHEADS), softplus_inv(1e-9), jnp.float32),
+            "mix": jnp.asarray(softplus_inv(1e-9), jnp.float32)}
+
+
+def step_overheads(p: dict) -> jnp.ndarray:
+    """Overheads in µs, in the order of ``STEP_OVERHEADS``."""
+    return softplus(p["overheads"])
+
+
+def mix_sharpness(p: dict):
+    return 1.0 + softplus(p["mix"])
+
+
+def op_key(kind: str, variant: str) -> str:
+    return f"{kind}/{variant}"
+
+
+def lookup(ops: dict, kind: str, variant: str) -> tuple[str, dict]:
+    """Parameters for (kind, variant): exact, else the kind's default variant, else neutral."""
+    for key in (op_key(kind, variant), op_key(kind, OP_KINDS[kind].default_variant)):
+        if key in ops:
+            return key, ops[key]
+    return op_key(kind, variant), neutral_op_params(kind)
+
+
+def neutral_params() -> dict:
+    """The parameter pytree used without a coefficient file."""
+    return {"ops": {}, "step": neutral_step_params()}

@@ -1,0 +1,71 @@
+"""Combine: corrected kernel times + step overheads → the time of each step, with its breakdown.
+
+``step_breakdown`` is the model's single hot path: pure, jitted once per (model, GPU, TP), and
+vectorised over the steps of a :class:`~roofcal.steps.StepBatch`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from . import correction as K
+from .components import ideal_times
+from .config import ModelSpec
+from .decompose import step_ops
+from .hardware import GPUSpec
+from .steps import StepBatch, step_totals
+
+#: breakdown column for the step-level overheads
+OVERHEAD = "overhead"
+
+
+def op_peak_and_bandwidth(gpu: GPUSpec, kind: str, variant: str) -> tuple[float, float]:
+    """(peak FLOP/µs, bytes/µs) that bound a kernel: GEMM/MoE peaks follow the weight dtype."""
+    dtype = variant if kind in ("gemm", "moe") else "bf16"
+    bw = gpu.link_bytes_per_us if K.OP_KINDS[kind].link else gpu.hbm_bytes_per_us
+    return gpu.peak_flops_per_us(dtype), bw
+
+
+def kernel_times(params: dict, gpu: GPUSpec, calls: dict) -> dict:
+    """µs per step of each kernel call (count × corrected time of one call)."""
+    out = {}
+    for name, call in calls.items():
+        _, p = K.lookup(params["ops"], call.kind, call.variant)
+        peak, bw = op_peak_and_bandwidth(gpu, call.kind, call.variant)
+        tc, tm = ideal_times(call.work, peak, bw)
+        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, tc, tm)
+    return out
+
+
+@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch) -> dict:
+    """Per-step times (µs) of every component, ``overhead``, ``total``, and work totals.
+
+    Returns a dict of arrays of shape (S,): one entry per kernel of
+    :func:`roofcal.decompose.step_ops` (µs), ``overhead`` (µs), ``total`` (µs, the prediction),
+    ``flops`` and ``bytes`` (whole step on one GPU).
+    """
+    t = step_totals(batch, jnp)
+    calls = step_ops(model, tp, t)
+    out = kernel_times(params, gpu, calls)
+    # prefill and decode attention of a mixed step: soft max with sharpness ``mix`` (1 = sum)
+    a, b = out["attn_prefill"], out["attn_decode"]
+    both = K.smax(a, b, K.mix_sharpness(params["step"]))
+    scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
+    out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
+    o = K.step_overheads(params["step"])
+    busy = (t.tokens > 0).astype(jnp.float32)
+    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers) + o[2] * t.n_prefill \
+        + o[3] * t.n_decode + o[4] * t.tokens
+    out["total"] = sum(out.values())
+    out["flops"] = sum(c.count * c.work.flops for c in calls.values())
+    out["bytes"] = sum(c.count * c.work.bytes for c in calls.values())
+    return out
+
+
+def step_time(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
+    """Predicted step times (µs), shape (S,)."""
+    return step_breakdown(params, model, gpu, tp, batch)["total"]

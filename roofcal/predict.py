@@ -1,0 +1,79 @@
+"""``roofcal predict``: step times with a per-component breakdown, for steps of any deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import coeffs as coeff_io
+from .config import check_tp, load_model
+from .errors import RoofcalError
+from .hardware import load_gpu
+from .model import step_breakdown
+from .steps import Step, batch_steps, read_steps
+
+NON_COMPONENT = ("total", "flops", "bytes")
+
+
+def resolve_coeffs(coeffs, gpu):
+    """A :class:`Coefficients` for ``gpu``: loaded from a path, checked, or neutral when None."""
+    if coeffs is None:
+        return coeff_io.Coefficients.neutral(gpu)
+    if isinstance(coeffs, (str, Path)):
+        return coeff_io.load(coeffs, gpu)
+    coeffs.check_gpu(gpu)
+    return coeffs
+
+
+def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
+            coeffs=None) -> pd.DataFrame:
+    """Predict every step; one row per input step, in input order.
+
+    ``steps``: a JSONL path or a list of :class:`Step`. ``model`` / ``gpu`` / ``tp`` apply to steps
+    that do not name their own. ``coeffs``: a coefficient file path, a loaded
+    :class:`~roofcal.coeffs.Coefficients`, or None for the neutral roofline defaults.
+
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``measured_us`` (when given),
+    ``predicted_us``, one ``<component>_us`` column per kernel and ``overhead_us``, then ``flops``
+    and ``bytes`` (one GPU, whole step).
+    """
+    src = str(steps) if isinstance(steps, (str, Path)) else "steps"
+    records = read_steps(steps) if isinstance(steps, (str, Path)) else list(steps)
+    if not records:
+        raise RoofcalError(f"{src}: no steps to predict")
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(records):
+        dep = (s.model or model, s.gpu or gpu, s.tp or tp)
+        for name, value in zip(("model", "gpu", "tp"), dep):
+            if value is None:
+                raise RoofcalError(f"{src}: step {i + 1} has no {name} (give --{name} or a "
+                                   f"'{name}' field)")
+        groups.setdefault(dep, []).append(i)
+    frames = []
+    for (m, g, t), idx in groups.items():
+        spec, gspec = load_model(m), load_gpu(g)
+        check_tp(spec, int(t), where=f"{src}: tp")
+        c = resolve_coeffs(coeffs, gspec)
+        batch = batch_steps([records[i] for i in idx])
+        out = {k: np.asarray(v, np.float64) for k, v in
+               step_breakdown(c.params, spec, gspec, int(t), batch).items()}
+        df = pd.DataFrame({"step": np.asarray(idx) + 1})
+        df["phase"] = [records[i].phase for i in idx]
+        df["model"], df["gpu"], df["tp"] = spec.name, gspec.name, int(t)
+        if any(records[i].duration_us is not None for i in idx):
+            df["measured_us"] = [records[i].duration_us if records[i].duration_us is not None
+                                 else np.nan for i in idx]
+        df["predicted_us"] = out["total"]
+        for name in sorted(k for k in out if k not in NON_COMPONENT):
+            df[f"{name}_us"] = out[name]
+        df["flops"], df["bytes"] = out["flops"], out["bytes"]
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True).sort_values("step", kind="stable")
+    comp = [c for c in df.columns if c.endswith("_us") and c not in ("predicted_us", "measured_us")]
+    df[comp] = df[comp].fillna(0.0)
+    front = [c for c in ("step", "phase", "model", "gpu", "tp", "measured_us", "predicted_us")
+             if c in df.columns]
+    return df[front + sorted(comp) + ["flops", "bytes"]].reset_index(drop=True)
