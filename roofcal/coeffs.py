@@ -18,7 +18,8 @@ Layout (every value in physical units)::
         compute_efficiency: {"1": 1.2, m: 0.4, ...}   # logit-polynomial terms (see correction.py)
         memory_efficiency: {...}
     step:
-      overheads_us: {step_us, layer_us, prefill_seq_us, decode_seq_us, token_us}
+      overheads_us: {step_us, layer_us, prefill_seq_us, decode_seq_us, token_us, allreduce_peer_us}
+      kernel_scales: {gemm, attention, moe, allreduce, elementwise}   # in-step / isolated, > 0
       mix_sharpness: 1.0
 
 Loading validates everything and refuses files for another GPU or schema version.
@@ -96,7 +97,7 @@ def op_to_dict(key: str, p: dict) -> dict:
     names = K.term_names(kind, K.degree_of(len(k.descriptors), n_terms))
     lo, hi = np.asarray(p["lo"], np.float64), np.asarray(p["hi"], np.float64)
     return {
-        "latency_us": _num(np.logaddexp(0.0, float(p["latency"]))),
+        "latency_us": _num(math.exp(float(p["latency"]))),
         "sharpness": _num(1.0 + np.logaddexp(0.0, float(p["sharpness"]))),
         "range": {d: [_num(_z_to_x(kind, j, lo[j]), 6), _num(_z_to_x(kind, j, hi[j]), 6)]
                   for j, d in enumerate(k.descriptors)},
@@ -106,11 +107,13 @@ def op_to_dict(key: str, p: dict) -> dict:
 
 
 def params_to_dict(params: dict) -> dict:
-    o = np.logaddexp(0.0, np.asarray(params["step"]["overheads"], np.float64))
+    o = np.exp(np.asarray(params["step"]["overheads"], np.float64))
     return {
         "ops": {key: op_to_dict(key, params["ops"][key]) for key in sorted(params["ops"])},
         "step": {
             "overheads_us": {n: _num(v) for n, v in zip(K.STEP_OVERHEADS, o)},
+            "kernel_scales": {n: _num(math.exp(float(v)))
+                              for n, v in zip(K.STEP_SCALES, np.asarray(params["step"]["scales"]))},
             "mix_sharpness": _num(1.0 + np.logaddexp(0.0, float(params["step"]["mix"]))),
         },
     }
@@ -165,7 +168,7 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         ws.append([_finite(terms[t], f"{where}.{name}.{t}'") for t in expected])
     return {
         "eff_c": jnp.asarray(ws[0], jnp.float32), "eff_m": jnp.asarray(ws[1], jnp.float32),
-        "latency": jnp.asarray(K.softplus_inv(max(lat, 1e-9)), jnp.float32),
+        "latency": jnp.asarray(math.log(max(lat, 1e-9)), jnp.float32),
         "sharpness": jnp.asarray(K.softplus_inv(max(q - 1.0, 1e-9)), jnp.float32),
         "lo": jnp.asarray(lo, jnp.float32), "hi": jnp.asarray(hi, jnp.float32),
     }
@@ -182,10 +185,20 @@ def params_from_dict(d: dict, src: str) -> dict:
     if not isinstance(ov, dict) or set(ov) != set(K.STEP_OVERHEADS):
         raise RoofcalError(f"{src}: field 'step.overheads_us' must give {', '.join(K.STEP_OVERHEADS)}")
     o = [_finite(ov[n], f"{src}: field 'step.overheads_us.{n}'", 0.0) for n in K.STEP_OVERHEADS]
+    sc = step.get("kernel_scales")
+    if not isinstance(sc, dict) or set(sc) != set(K.STEP_SCALES):
+        raise RoofcalError(f"{src}: field 'step.kernel_scales' must give {', '.join(K.STEP_SCALES)}")
+    scales = []
+    for n in K.STEP_SCALES:
+        v = _finite(sc[n], f"{src}: field 'step.kernel_scales.{n}'", 0.0)
+        if v <= 0:
+            raise RoofcalError(f"{src}: field 'step.kernel_scales.{n}' must be > 0, got {v!r}")
+        scales.append(math.log(v))
     mix = _finite(step.get("mix_sharpness"), f"{src}: field 'step.mix_sharpness'", 1.0)
     return {
         "ops": {key: op_from_dict(key, v, src) for key, v in ops.items()},
-        "step": {"overheads": jnp.asarray([K.softplus_inv(max(x, 1e-9)) for x in o], jnp.float32),
+        "step": {"overheads": jnp.asarray([math.log(max(x, 1e-9)) for x in o], jnp.float32),
+                 "scales": jnp.asarray(scales, jnp.float32),
                  "mix": jnp.asarray(K.softplus_inv(max(mix - 1.0, 1e-9)), jnp.float32)},
     }
 

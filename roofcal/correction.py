@@ -11,16 +11,20 @@ For a kernel with ideal compute time ``tc = FLOPs / peak`` and ideal memory time
   below peak (low occupancy, tile and wave quantization) and the surface learns where and how fast
   efficiency rises with the amount of work. Outside the shapes seen in fitting ``z`` is clamped to
   the fitted range, so efficiency stays flat instead of extrapolating a polynomial.
-* ``latency`` ≥ 0 µs: fixed cost of a call (launch, prologue, synchronisation).
+* ``latency`` > 0 µs: fixed cost of a call (launch, prologue, synchronisation).
 * ``q`` ≥ 1: soft-max sharpness; q = 1 adds compute and memory time, q → ∞ takes the larger.
 
-At step level (:class:`StepCorrection`), overheads in µs: per step, per layer, per prefill
-sequence, per decode sequence and per token; and ``mix`` ≥ 1, the soft-max sharpness combining
-the prefill and decode attention calls of a mixed step (1 = they run one after the other).
+At step level, in µs: overheads per step, per layer, per prefill sequence, per decode sequence,
+per token, and per all-reduce per peer GPU (synchronisation that grows with TP − 1); ``scales``
+> 0, how much slower (> 1) or faster each kernel group (GEMM, attention, MoE, all-reduce,
+elementwise) runs inside whole steps of a serving stack than in isolation; and ``mix`` ≥ 1, the
+soft-max sharpness combining the prefill and decode attention calls of a mixed step (1 = they run
+one after the other).
 
 All parameters are stored unconstrained ("raw") for optimisation and mapped into their valid
-ranges by construction: sigmoid (efficiencies), softplus (latencies, overheads), 1 + softplus
-(sharpness). The coefficient file stores the physical values.
+ranges by construction: sigmoid (efficiencies), exp (latencies and overheads, which span µs to
+tens of ms, so the optimiser moves them by relative steps), 1 + softplus (sharpness). The
+coefficient file stores the physical values.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +72,16 @@ OP_KINDS: dict[str, OpKind] = {k.name: k for k in [
 #: physically neutral defaults (used without a coefficient file): roofline at peak, no latency
 NEUTRAL_EFFICIENCY = 1.0 - 1e-5
 NEUTRAL_SHARPNESS = 32.0
-STEP_OVERHEADS = ("step_us", "layer_us", "prefill_seq_us", "decode_seq_us", "token_us")
+STEP_OVERHEADS = ("step_us", "layer_us", "prefill_seq_us", "decode_seq_us", "token_us",
+                  "allreduce_peer_us")
+#: kernel groups with a step-level scale, and the breakdown components in each
+STEP_SCALES = {
+    "gemm": ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "shared_up", "shared_down", "lm_head"),
+    "attention": ("attn_prefill", "attn_decode"),
+    "moe": ("moe",),
+    "allreduce": ("allreduce",),
+    "elementwise": ("elementwise",),
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,11 +145,36 @@ def standardize(kind: str, shape) -> jnp.ndarray:
     return jnp.stack(cols, axis=-1)
 
 
+@lru_cache(maxsize=None)
+def _recursion(n_desc: int, degree: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each degree d ≥ 1: (parent term index, descriptor index) of its terms, in the order of
+    :func:`exponents`, so term = parent term × z[descriptor] (one multiply per term)."""
+    rows = [tuple(r) for r in exponents(n_desc, degree)]
+    index = {r: i for i, r in enumerate(rows)}
+    levels = []
+    for d in range(1, degree + 1):
+        parents, last = [], []
+        for r in rows:
+            if sum(r) != d:
+                continue
+            j = max(i for i, e in enumerate(r) if e)          # highest descriptor present
+            parent = list(r)
+            parent[j] -= 1
+            parents.append(index[tuple(parent)])
+            last.append(j)
+        levels.append((np.array(parents), np.array(last)))
+    return levels
+
+
+@partial(jax.jit, static_argnames=("degree",))
 def features(z, lo, hi, degree: int) -> jnp.ndarray:
-    """Polynomial features (..., terms) of ``z`` clamped to [lo, hi]."""
+    """Polynomial features (..., terms) of ``z`` clamped to [lo, hi], in :func:`exponents` order."""
     zc = jnp.clip(z, lo, hi)
-    e = jnp.asarray(exponents(z.shape[-1], degree), jnp.float32)
-    return jnp.prod(zc[..., None, :] ** e, axis=-1)
+    terms = [jnp.ones(z.shape[:-1] + (1,), z.dtype)]
+    for parents, last in _recursion(z.shape[-1], degree):
+        prev = jnp.concatenate(terms, axis=-1)
+        terms.append(prev[..., parents] * zc[..., last])
+    return jnp.concatenate(terms, axis=-1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,7 +189,7 @@ def neutral_op_params(kind: str, degree: int | None = None) -> dict:
     w[0] = logit(NEUTRAL_EFFICIENCY)
     return {
         "eff_c": jnp.asarray(w), "eff_m": jnp.asarray(w),
-        "latency": jnp.asarray(softplus_inv(1e-9), jnp.float32),
+        "latency": jnp.asarray(math.log(1e-9), jnp.float32),
         "sharpness": jnp.asarray(softplus_inv(NEUTRAL_SHARPNESS - 1.0), jnp.float32),
         "lo": jnp.full(len(k.descriptors), -4.0, jnp.float32),
         "hi": jnp.full(len(k.descriptors), 4.0, jnp.float32),
@@ -159,14 +197,22 @@ def neutral_op_params(kind: str, degree: int | None = None) -> dict:
 
 
 def smax(a, b, q):
-    """Soft maximum (a^q + b^q)^(1/q) of non-negative times, stable for large q; 0 when both 0."""
+    """Soft maximum (a^q + b^q)^(1/q) of non-negative times, stable for large q; ≈0 when both 0.
+
+    Ratios are floored at 1e-30 so the gradient with respect to q stays finite at a = 0.
+    """
     mx = jnp.maximum(jnp.maximum(a, b), 1e-30)
-    return mx * ((a / mx) ** q + (b / mx) ** q) ** (1.0 / q)
+    ra, rb = jnp.maximum(a / mx, 1e-30), jnp.maximum(b / mx, 1e-30)
+    return mx * (ra ** q + rb ** q) ** (1.0 / q)
 
 
 def efficiencies(p: dict, kind: str, shape):
     """(compute efficiency, memory efficiency) in (0, 1) for descriptor arrays ``shape``."""
-    z = standardize(kind, shape)
+    return efficiencies_z(p, standardize(kind, shape))
+
+
+def efficiencies_z(p: dict, z):
+    """(compute efficiency, memory efficiency) for standardized shapes ``z`` (..., n_desc)."""
     deg = degree_of(z.shape[-1], p["eff_c"].shape[0])
     f = features(z, jax.lax.stop_gradient(p["lo"]), jax.lax.stop_gradient(p["hi"]), deg)
     return jax.nn.sigmoid(f @ p["eff_c"]), jax.nn.sigmoid(f @ p["eff_m"])
@@ -176,31 +222,48 @@ def op_time_from_features(p: dict, f, tc, tm):
     """Corrected time (µs) from precomputed features ``f`` (fitting's hot path)."""
     ec = jax.nn.sigmoid(f @ p["eff_c"])
     em = jax.nn.sigmoid(f @ p["eff_m"])
+    return _corrected(p, ec, em, tc, tm)
+
+
+def _corrected(p: dict, ec, em, tc, tm):
+    """latency + smax(tc/ec, tm/em); exactly 0 (with finite gradients) for calls with no work."""
+    active = tc + tm > 0
+    tc, tm = jnp.where(active, tc, 1.0), jnp.where(active, tm, 1.0)
     q = 1.0 + softplus(p["sharpness"])
-    t = softplus(p["latency"]) + smax(tc / ec, tm / em, q)
-    return jnp.where(tc + tm > 0, t, 0.0)
+    t = jnp.exp(p["latency"]) + smax(tc / ec, tm / em, q)
+    return jnp.where(active, t, 0.0)
 
 
 def op_time(p: dict, kind: str, shape, tc, tm):
     """Corrected time (µs) of kernel calls with ideal times ``tc``, ``tm`` (µs); 0 where no work."""
-    ec, em = efficiencies(p, kind, shape)
-    q = 1.0 + softplus(p["sharpness"])
-    t = softplus(p["latency"]) + smax(tc / ec, tm / em, q)
-    return jnp.where(tc + tm > 0, t, 0.0)
+    return op_time_z(p, standardize(kind, shape), tc, tm)
+
+
+@jax.jit
+def op_time_z(p: dict, z, tc, tm):
+    """:func:`op_time` from standardized shapes ``z``."""
+    ec, em = efficiencies_z(p, z)
+    return _corrected(p, ec, em, tc, tm)
 
 
 # --------------------------------------------------------------------------------------------
 # step level
 
 def neutral_step_params() -> dict:
-    """No overheads; prefill and decode attention of a mixed step add up."""
-    return {"overheads": jnp.full(len(STEP_OVERHEADS), softplus_inv(1e-9), jnp.float32),
+    """No overheads, kernels as in isolation; prefill and decode attention of a mixed step add up."""
+    return {"overheads": jnp.full(len(STEP_OVERHEADS), math.log(1e-9), jnp.float32),
+            "scales": jnp.zeros(len(STEP_SCALES), jnp.float32),
             "mix": jnp.asarray(softplus_inv(1e-9), jnp.float32)}
+
+
+def step_scales(p: dict) -> dict:
+    """{kernel group: scale} (exp of the raw log-scales)."""
+    return dict(zip(STEP_SCALES, jnp.exp(p["scales"])))
 
 
 def step_overheads(p: dict) -> jnp.ndarray:
     """Overheads in µs, in the order of ``STEP_OVERHEADS``."""
-    return softplus(p["overheads"])
+    return jnp.exp(p["overheads"])
 
 
 def mix_sharpness(p: dict):

@@ -51,6 +51,11 @@ def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch:
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
     out = kernel_times(params, gpu, calls)
+    scales = K.step_scales(params["step"])
+    for group, names in K.STEP_SCALES.items():
+        for name in names:
+            if name in out:
+                out[name] = out[name] * scales[group]
     # prefill and decode attention of a mixed step: soft max with sharpness ``mix`` (1 = sum)
     a, b = out["attn_prefill"], out["attn_decode"]
     both = K.smax(a, b, K.mix_sharpness(params["step"]))
@@ -58,8 +63,9 @@ def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch:
     out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
     o = K.step_overheads(params["step"])
     busy = (t.tokens > 0).astype(jnp.float32)
-    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers) + o[2] * t.n_prefill \
-        + o[3] * t.n_decode + o[4] * t.tokens
+    allreduce_calls = 2.0 * model.num_layers * (tp - 1)     # per peer GPU
+    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers + o[5] * allreduce_calls) \
+        + o[2] * t.n_prefill + o[3] * t.n_decode + o[4] * t.tokens
     out["total"] = sum(out.values())
     out["flops"] = sum(c.count * c.work.flops for c in calls.values())
     out["bytes"] = sum(c.count * c.work.bytes for c in calls.values())

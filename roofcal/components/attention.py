@@ -7,6 +7,8 @@ this GPU (``kv_heads·(qk_dim + v_dim)`` normally; the latent width for MLA).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from .base import Work
 
 
@@ -48,4 +50,5 @@ def decode_attention(seqs, kv_tokens, heads, kv_heads, qk_dim, v_dim, kv_elems, 
     flops = 2.0 * heads * (qk_dim + v_dim) * kv_tokens
     nbytes = (kv_tokens + seqs) * kv_elems * kv_bytes + seqs * heads * (qk_dim + v_dim) * act_bytes
     per_seq = seqs + (seqs == 0)
-    return Work(flops, nbytes, (seqs, kv_tokens / per_seq - 1.0, heads, kv_heads, qk_dim))
+    return Work(flops, nbytes, (seqs, jnp.maximum(kv_tokens / per_seq - 1.0, 0.0), heads, kv_heads,
+                                qk_dim))

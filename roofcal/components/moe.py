@@ -1,4 +1,18 @@
-"""Mixture-of-experts layer: router plus routed expert GEMMs (vLLM fused MoE)."""
+"""Mixture-of-experts layer: router plus routed expert GEMMs (vLLM fused MoE), with routing physics.
+
+Routing decides two quantities on the busiest GPU (the one that sets the layer's time):
+``pairs``, the (token, expert) pairs it computes, and ``active``, the distinct experts whose
+weights it reads.
+
+* **balanced** (``skew = 0``, the step model's assumption, as BLIS's balanced placement and
+  aiconfigurator's balanced tables): the T·k pairs are spread evenly, so a GPU gets
+  ⌈T·k/ep⌉ pairs on min(E/ep, ⌈T·k/ep⌉) distinct experts.
+* **power law** (``skew = α > 0``): expert i is chosen with probability ∝ (i+1)^−α; experts are
+  placed in order, so GPU 0 holds the hottest. A token picks expert i with
+  q_i = min(1, k·p_i); the GPU computes T·Σ q_i pairs on Σ (1 − (1 − q_i)^T) expected distinct
+  experts (sums over its experts). α = 0 would be uniform random routing:
+  E·(1 − (1 − k/E)^T) active experts (:func:`expected_active_experts`).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +20,12 @@ import jax.numpy as jnp
 
 from .base import Work
 
+#: largest expert count the power-law routing sums over (static, for jit)
+MAX_EXPERTS = 1024
+
 
 def expected_active_experts(tokens, topk, experts):
-    """Expected number of distinct experts chosen by ``tokens`` tokens with uniform routing.
+    """Expected number of distinct experts chosen by ``tokens`` tokens under uniform random routing.
 
     Each token picks ``topk`` distinct experts of ``experts``, so an expert is missed by one token
     with probability 1 − topk/experts and by all of them with (1 − topk/experts)^tokens:
@@ -19,24 +36,40 @@ def expected_active_experts(tokens, topk, experts):
     return experts * (1.0 - miss ** tokens)
 
 
+def routing(tokens, topk, experts, ep=1.0, skew=0.0):
+    """(pairs, active experts) on the busiest of ``ep`` GPUs; see the module docstring."""
+    tokens, topk, experts, ep, skew = (jnp.asarray(x, jnp.float32) for x in
+                                       (tokens, topk, experts, ep, skew))
+    local = experts / ep
+    pairs_bal = jnp.ceil(tokens * topk / ep)
+    active_bal = jnp.minimum(local, pairs_bal)
+    i = jnp.arange(MAX_EXPERTS, dtype=jnp.float32)
+    e = experts[..., None]
+    w = jnp.where(i < e, (i + 1.0) ** -skew[..., None], 0.0)
+    q = jnp.minimum(1.0, topk[..., None] * w / jnp.sum(w, axis=-1, keepdims=True))
+    mine = (i < local[..., None]).astype(jnp.float32)
+    pairs_pl = tokens * jnp.sum(mine * q, axis=-1)
+    active_pl = jnp.sum(mine * (1.0 - (1.0 - q) ** tokens[..., None]), axis=-1)
+    skewed = skew > 0
+    return jnp.where(skewed, pairs_pl, pairs_bal), jnp.where(skewed, active_pl, active_bal)
+
+
 def moe(tokens, hidden, inter, topk, experts, tp=1.0, ep=1.0, weight_bytes=2.0, act_bytes=2.0,
         matrices=3.0, skew=0.0) -> Work:
-    """Work of one MoE layer on one GPU (experts split over ``ep``, each expert's FFN over ``tp``).
+    """Work of one MoE layer on the busiest GPU (experts split over ``ep``, each FFN over ``tp``).
 
-    With ``i = inter/tp`` and ``r = tokens·topk/ep`` routed (token, expert) pairs on this GPU:
-    FLOPs = r·2·hidden·i·matrices (gate, up, down) + 2·tokens·hidden·experts (router).
-    Bytes = weights of the active local experts: E[active]/ep·matrices·hidden·i·weight_bytes
-          + activations: tokens·hidden·2·act_bytes + r·(2·hidden + 3·i)·act_bytes.
-    Shape descriptors: (tokens, hidden, inter, topk, experts, tp, ep, skew), where ``skew`` is the
-    routing imbalance (0 balanced; the power-law exponent in the microbenchmarks).
+    With ``i = inter/tp`` and (pairs, active) from :func:`routing`:
+    FLOPs = pairs·2·hidden·i·matrices (gate, up, down) + 2·tokens·hidden·experts (router).
+    Bytes = active·matrices·hidden·i·weight_bytes (expert weights read)
+          + tokens·hidden·2·act_bytes + pairs·(2·hidden + 3·i)·act_bytes (activations).
+    Shape descriptors: (tokens, hidden, inter, topk, experts, tp, ep, skew).
 
-    Example: Mixtral at TP 1, one token: r = 2, FLOPs = 2·2·4096·14336·3 + 2·4096·8
-    = 704,708,608; expert weights 2·3·4096·14336·2 bytes = 704,643,072.
+    Example: Mixtral at TP 1, one token, balanced: 2 pairs on 2 experts,
+    FLOPs = 2·2·4096·14336·3 + 2·4096·8 = 704,708,608; expert weights 2·3·4096·14336·2 bytes.
     """
+    pairs, active = routing(tokens, topk, experts, ep, skew)
     i = inter / tp
-    routed = tokens * topk / ep
-    active = expected_active_experts(tokens, topk, experts) / ep
-    flops = routed * 2.0 * hidden * i * matrices + 2.0 * tokens * hidden * experts
+    flops = pairs * 2.0 * hidden * i * matrices + 2.0 * tokens * hidden * experts
     nbytes = active * matrices * hidden * i * weight_bytes \
-        + tokens * hidden * 2.0 * act_bytes + routed * (2.0 * hidden + 3.0 * i) * act_bytes
+        + tokens * hidden * 2.0 * act_bytes + pairs * (2.0 * hidden + 3.0 * i) * act_bytes
     return Work(flops, nbytes, (tokens, hidden, inter, topk, experts, tp, ep, skew))
