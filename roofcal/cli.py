@@ -12,6 +12,24 @@ import sys
 from .errors import RoofcalError
 
 
+def enable_compilation_cache() -> None:
+    """Keep XLA's compiled programs on disk (``$ROOFCAL_CACHE``, default ``~/.cache/roofcal``),
+    so repeated fits skip compilation (outputs are identical either way). ``ROOFCAL_CACHE=off``
+    disables it."""
+    import os
+    where = os.environ.get("ROOFCAL_CACHE", os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "roofcal"))
+    if where.lower() in ("off", "0", "none", ""):
+        return
+    try:
+        os.makedirs(where, exist_ok=True)
+        import jax
+        jax.config.update("jax_compilation_cache_dir", os.path.join(where, "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    except OSError:
+        pass                                   # read-only home: run without the cache
+
+
 def cmd_predict(a) -> None:
     from .io import write_csv_atomic
     if a.ops:
@@ -76,10 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_fit)
+    _register_plugins(sub)
     return p
 
 
+#: modules that add their own subcommands: each defines ``register(subparsers)``
+COMMAND_MODULES = ("roofcal.bench", "roofcal.blis.cli", "roofcal.residuals_cli", "roofcal.gpu_cli")
+
+
+def _register_plugins(sub) -> None:
+    import importlib
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        mod.register(sub)
+
+
 def main(argv=None) -> int:
+    enable_compilation_cache()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -58,11 +58,11 @@ class OpKind:
 
 
 OP_KINDS: dict[str, OpKind] = {k.name: k for k in [
-    OpKind("gemm", ("m", "n", "k"), (7, 11, 11), (4, 3, 3), 3, "bf16"),
+    OpKind("gemm", ("m", "n", "k"), (7, 11, 11), (4, 3, 3), 4, "bf16"),
     OpKind("attn_prefill", ("seqs", "seq_len", "cached", "heads", "kv_heads", "head_dim"),
            (3, 10, 0, 4, 2, 7), (3, 3, 4, 2, 2, 1), 3, "bf16"),
     OpKind("attn_decode", ("seqs", "context", "heads", "kv_heads", "head_dim"),
-           (5, 10, 4, 2, 7), (3, 4, 2, 2, 1), 3, "bf16"),
+           (5, 10, 4, 2, 7), (3, 4, 2, 2, 1), 4, "bf16"),
     OpKind("allreduce", ("num_gpus", "bytes"), (2, 20), (1, 6), 3, "custom", link=True),
     OpKind("moe", ("tokens", "hidden", "inter", "topk", "experts", "tp", "ep", "skew"),
            (7, 12, 11, 3, 6, 1, 1, 0), (4, 1, 2, 1, 2, 1, 2, 1), 3, "bf16"),
