@@ -56,7 +56,9 @@ def cmd_fit(a) -> None:
     paths = a.data or datasets.bundled_paths(gpu.name)
     prior = coeff_io.load(a.prior, gpu) if a.prior else None
     m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)
-    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet)
+    weight = {} if a.prior_weight is None else {"prior_terms": a.prior_weight,
+                                                  "prior_scalars": a.prior_weight}
+    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet, **weight)
     n_ops = 0 if m.ops is None else len(m.ops)
     print(f"fitting {gpu.name}: {n_ops} per-op rows, {sum(len(d) for d in m.steps)} steps "
           f"from {len(m.provenance)} files", flush=True)
@@ -89,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="model of step JSONL rows that do not name one")
     s.add_argument("--tp", type=int, help="TP of step JSONL rows that do not name one")
     s.add_argument("--prior", help="coefficient file to centre the priors on (few-shot refit)")
+    s.add_argument("--prior-weight", type=float, help="strength of the priors in pseudo-rows "
+                   "(default 0.01: the data decides; raise it for few-shot refits)")
     s.add_argument("--out", help="coefficient file to write (default coeffs/<gpu>.yaml)")
     s.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
     s.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")

@@ -59,7 +59,8 @@ class FitSettings:
         d.pop("progress")
         d["degree"] = {k: self.degree_of(k) for k in K.OP_KINDS}
         d["loss"] = "mean squared log-ratio + Gaussian prior (kappa/N pseudo-rows)"
-        d["optimizer"] = "optax.adam, cosine-decayed step size"
+        d["optimizer"] = ("kernels: optax L-BFGS by continuation in surface degree; "
+                          "steps: optax Adam (cosine-decayed step size) then L-BFGS")
         return d
 
 
@@ -399,6 +400,9 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
                      data=provenance or [], fit=settings.record())
     if prior is not None:
         c.fit["prior"] = prior.source
+    if steps:
+        c.fit["deployments"] = [{"model": m, "tp": t} for m, t in
+                                sorted({(d.model.name, d.tp) for d in steps})]
     c = roundtrip(c)                        # metrics of exactly what the file will hold
     metrics = kernel_metrics(table, c.params, gpu, test) if len(table) else {"train": {}, "heldout": {}}
     step_table = None
