@@ -39,7 +39,7 @@ from . import __version__
 from . import correction as K
 from .errors import RoofcalError
 from .hardware import GPUSpec, load_gpu
-from .io import write_text_atomic
+from .io import read_yaml, write_text_atomic
 
 SCHEMA = "roofcal-coeffs/1"
 
@@ -234,13 +234,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     """Read and validate a coefficient file; with ``gpu``, also refuse one fitted for another GPU."""
     path = Path(path)
     src = str(path)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RoofcalError(f"{src}: no such coefficient file")
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise RoofcalError(f"{src}: invalid YAML" + (f" at line {mark.line + 1}" if mark else ""))
+    doc = read_yaml(path, "coefficient file")
     if not isinstance(doc, dict):
         raise RoofcalError(f"{src}: not a roofcal coefficient file")
     schema = doc.get("schema")

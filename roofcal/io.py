@@ -59,3 +59,18 @@ def sha256_text(text: str) -> str:
 def write_csv_atomic(df, path: str | os.PathLike) -> None:
     """Write a DataFrame as CSV atomically, floats with 10 significant digits (stable bytes)."""
     write_text_atomic(path, df.to_csv(index=False, float_format="%.10g", lineterminator="\n"))
+
+
+def read_yaml(path: str | os.PathLike, what: str = "file"):
+    """Parse a YAML file; a missing file or bad YAML raises a one-line ``RoofcalError``."""
+    import yaml
+    from .errors import RoofcalError
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RoofcalError(f"{path}: no such {what}")
+    except UnicodeDecodeError:
+        raise RoofcalError(f"{path}: not a UTF-8 text file")
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise RoofcalError(f"{path}: invalid YAML" + (f" at line {mark.line + 1}" if mark else ""))

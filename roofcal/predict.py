@@ -13,7 +13,7 @@ from .config import check_tp, load_model
 from .errors import RoofcalError
 from .hardware import load_gpu
 from .model import step_breakdown
-from .steps import Step, batch_steps, read_steps
+from .steps import Step, batch_steps, group_by_deployment, read_steps
 
 NON_COMPONENT = ("total", "flops", "bytes")
 
@@ -44,14 +44,7 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     records = read_steps(steps) if isinstance(steps, (str, Path)) else list(steps)
     if not records:
         raise RoofcalError(f"{src}: no steps to predict")
-    groups: dict[tuple, list[int]] = {}
-    for i, s in enumerate(records):
-        dep = (s.model or model, s.gpu or gpu, s.tp or tp)
-        for name, value in zip(("model", "gpu", "tp"), dep):
-            if value is None:
-                raise RoofcalError(f"{src}: step {i + 1} has no {name} (give --{name} or a "
-                                   f"'{name}' field)")
-        groups.setdefault(dep, []).append(i)
+    groups = group_by_deployment(records, model, gpu, tp, src)
     frames = []
     for (m, g, t), idx in groups.items():
         spec, gspec = load_model(m), load_gpu(g)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from .config import ModelSpec, check_tp, load_model
 from .errors import RoofcalError
-from .steps import StepBatch, batch_steps, read_steps, uniform_steps
+from .steps import StepBatch, batch_steps, group_by_deployment, read_steps, uniform_steps
 
 SPLITWISE_COLUMNS = {"model", "hardware", "prompt_size", "batch_size", "token_size",
                      "tensor_parallel", "prompt_time", "token_time"}
@@ -104,16 +104,10 @@ def read_step_jsonl(path: str | Path, model=None, gpu=None, tp=None,
                     source: str | None = None) -> list[StepData]:
     """Load measured steps (rows need ``duration_us``), grouped by deployment."""
     steps = read_steps(path)
-    groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(steps):
         if s.duration_us is None:
-            raise RoofcalError(f"{path}: line of step {i + 1} has no 'duration_us' to fit")
-        dep = (s.model or model, s.gpu or gpu, s.tp or tp)
-        for name, value in zip(("model", "gpu", "tp"), dep):
-            if value is None:
-                raise RoofcalError(f"{path}: step {i + 1} has no {name} (give --{name} or a "
-                                   f"'{name}' field)")
-        groups.setdefault(dep, []).append(i)
+            raise RoofcalError(f"{path}: step {i + 1} has no 'duration_us' to fit")
+    groups = group_by_deployment(steps, model, gpu, tp, str(path))
     out = []
     for (m, g, t), idx in groups.items():
         spec = load_model(m)

@@ -214,3 +214,20 @@ def step_totals(b: StepBatch, xp=np) -> StepTotals:
     n_dc = xp.sum(b.decode_mask, axis=1)
     dc_kv = xp.sum(b.decode_mask * (b.decode_ctx + 1.0), axis=1)
     return StepTotals(n_pf, n_dc, pf_tok, pf_cached, pairs, dc_kv, pf_tok + n_dc)
+
+
+def group_by_deployment(steps: Sequence[Step], model=None, gpu=None, tp=None,
+                        src: str = "steps") -> dict[tuple, list[int]]:
+    """Indices of ``steps`` per (model, gpu, tp); a step's own fields override the defaults.
+
+    A step left without a model, GPU or TP is refused, naming it.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(steps):
+        dep = (s.model or model, s.gpu or gpu, s.tp or tp)
+        for name, value in zip(("model", "gpu", "tp"), dep):
+            if value is None:
+                raise RoofcalError(f"{src}: step {i + 1} has no {name} (give --{name} or a "
+                                   f"'{name}' field)")
+        groups.setdefault(dep, []).append(i)
+    return groups

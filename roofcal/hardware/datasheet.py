@@ -28,10 +28,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 from ..errors import RoofcalError
-from ..io import sha256_text
+from ..io import read_yaml, sha256_text
 
 SCHEMA = "roofcal-datasheet/1"
 DTYPES = ("bf16", "fp16", "fp8", "int8")
@@ -184,13 +182,4 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
 
 def read_datasheet(path: str | Path) -> GPUSpec:
     """Read and validate one datasheet YAML file."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RoofcalError(f"{path}: no such datasheet file")
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise RoofcalError(f"{path}: invalid YAML{line}")
-    return parse_datasheet(raw, path)
+    return parse_datasheet(read_yaml(path, "datasheet file"), path)
