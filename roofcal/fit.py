@@ -199,13 +199,14 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     k = K.OP_KINDS[d.kind]
     order = K.exponents(len(k.descriptors), K.degree_of(len(k.descriptors),
                                                         int(p["eff_c"].shape[0]))).sum(1)
-    first = 0 if init is not None else 1
-    for deg in range(first, int(order.max()) + 1):
-        if init is not None and deg < order.max():
-            continue                      # a warm start already holds every term
+    best = np.inf
+    start = int(order.max()) if init is not None else 1   # a warm start already holds every term
+    for deg in range(start, int(order.max()) + 1):
         mask = jnp.asarray(order <= deg, jnp.float32)
         data = (d.feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
-        p, _ = lbfgs(kernel_objective, p, data, settings.kernel_iters)
+        q, value = lbfgs(kernel_objective, p, data, settings.kernel_iters)
+        if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
+            p, best = q, value
     return p
 
 

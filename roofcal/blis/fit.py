@@ -1,0 +1,464 @@
+"""Fitting BLIS's trained-physics β coefficients (BLIS's own basis, one global set).
+
+BLIS's step time is ``Σ_j β_j · basis_j`` (:mod:`roofcal.blis.basis`), linear in β once the split
+forms are used, which is what roofcal always fits and writes: all 11 values (β1a/β1b and β2a/β2b
+split, β_EP explicit). Targets, in µs per step, come from two sources:
+
+* **distillation** — steps sampled by :mod:`roofcal.blis.sampling` for the user's deployments and
+  predicted by the calibrated native model (:func:`roofcal.model.step_breakdown`);
+* **measured** — whole-step measurements (step JSONL, splitwise), mapped to BLIS requests by
+  :func:`roofcal.blis.sampling.blis_requests_from_steps`.
+
+Objective: :func:`roofcal.loss.log_ratio_sq` of the *float* (untruncated) BLIS step time against the
+targets, each source weighted equally, plus a Gaussian prior of ``prior_rows`` pseudo-rows pulling
+each β towards the input ``defaults.yaml`` value. The prior is scaled per coefficient by how much a
+unit of it moves a step's relative time, so it only decides directions the data cannot (e.g. β3
+weights, β5 per layer and β7 per step are all constant within one deployment), and a β whose
+basis is zero on every row (β8 for dense models, β_EP without DP) keeps its input value.
+Non-negativity is by construction, β = scale · softplus(θ); the start is the exact non-negative
+least-squares solution of the linearised (relative-error) problem with the same prior, refined by
+optax L-BFGS (:func:`roofcal.optim.lbfgs`) in float64, keeping whichever is better.
+
+Held-out rows (a seeded 20% of sampled steps; whole configurations of measured steps, as
+:func:`roofcal.fit.split_groups` holds them out in ``roofcal fit``) are scored with BLIS's integer
+step time, next to the native model's error and the input defaults' error.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roofcal.blis.basis import (
+    BASIS_TERMS,
+    BlisConstants,
+    BlisHardware,
+    basis_for_constants,
+    blis_constants,
+    blis_step_time,
+    combine_basis,
+    effective_beta,
+)
+from roofcal.blis.config import BlisModel, load_blis_model, read_config_json
+from roofcal.blis.sampling import (
+    SamplerSettings,
+    blis_requests_from_steps,
+    deployment_seed,
+    kv_capacity_tokens,
+    sample_steps,
+)
+from roofcal.config import ModelSpec, check_tp, load_model, resolve_config_path
+from roofcal.errors import RoofcalError
+from roofcal.fit import split_groups
+from roofcal.hardware import GPUSpec, load_gpu
+from roofcal.loss import error_summary, log_ratio_sq
+from roofcal.model import step_breakdown
+from roofcal.optim import lbfgs
+from roofcal.stepdata import StepData
+from roofcal.steps import StepBatch
+
+#: The basis term each β index multiplies in the 11-value (fully split) form (BLIS index order).
+BETA_BASIS = (
+    "t_pf_compute_us",
+    "t_dc_compute_us",
+    "t_weight_us",
+    "t_tp_allreduce_us",
+    "num_layers",
+    "batch_size",
+    "constant",
+    "interleaved_moe_layers",
+    "t_pf_kv_us",
+    "t_dc_kv_us",
+    "t_moe_dispatch_us",
+)
+
+#: Readable names of the 11 β values, in BLIS index order (units: – = dimensionless).
+BETA_NAMES = (
+    "beta1a_prefill_compute",
+    "beta2a_decode_compute",
+    "beta3_weight_loading",
+    "beta4_tp_allreduce",
+    "beta5_per_layer_us",
+    "beta6_per_request_us",
+    "beta7_per_step_us",
+    "beta8_per_interleaved_moe_layer_us",
+    "beta1b_prefill_kv",
+    "beta2b_decode_kv",
+    "beta_ep_moe_dispatch",
+)
+
+SOURCES = ("distill", "measured")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model (bundled name or config path) served at tensor-parallel degree ``tp``."""
+
+    model: str
+    tp: int
+
+
+@dataclass(frozen=True)
+class BlisFitSettings:
+    """Settings of a BLIS-form fit; all recorded in the output's provenance."""
+
+    seed: int = 0
+    holdout: float = 0.2  # fraction of sampled steps (and of measured configurations) held out
+    samples: int = 3000  # distillation steps per deployment (0: no distillation)
+    iters: int = 300  # L-BFGS iterations
+    prior_rows: float = 1e-3  # κ: pseudo-rows holding each β at its input value (a tie-breaker)
+    sampler: SamplerSettings = SamplerSettings()
+
+    def record(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "sampler"}
+        d["sampler"] = self.sampler.record()
+        d["loss"] = "mean squared log-ratio of the float BLIS step time (sources weighted equally) + Gaussian prior (kappa pseudo-rows) at the input betas"
+        d["optimizer"] = "non-negative least squares start, then optax L-BFGS on beta = scale * softplus(theta), float64"
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# deployments
+
+
+@dataclass(frozen=True, eq=False)
+class ResolvedDeployment:
+    """A deployment with everything the fit needs: roofcal's and BLIS's model readings, BLIS's
+    constants for the hardware entry, and (for sampling) the context limit and KV capacity."""
+
+    deployment: Deployment
+    spec: ModelSpec
+    blis_model: BlisModel
+    constants: BlisConstants
+    max_context: int  # tokens: max_position_embeddings (or the sampler's cap when absent)
+
+
+def resolve_deployment(dep: Deployment, hw: BlisHardware, where: str = "") -> ResolvedDeployment:
+    """Load the model both ways and apply BLIS's deployment rules (TP divides heads and KV heads,
+    positive shapes and peaks); refusals name the deployment."""
+    prefix = where or f"--model {dep.model} --tp {dep.tp}"
+    try:
+        spec = load_model(dep.model)
+        check_tp(spec, int(dep.tp), where=prefix)
+        path = resolve_config_path(dep.model)
+        blis_model = load_blis_model(path, spec.name)
+        constants = blis_constants(blis_model, hw, int(dep.tp))
+        raw = read_config_json(path).get("max_position_embeddings")
+    except RoofcalError as err:
+        msg = str(err)
+        raise RoofcalError(msg if msg.startswith(prefix) else f"{prefix}: {msg}") from None
+    ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 1
+    return ResolvedDeployment(dep, spec, blis_model, constants, raw if ok else SamplerSettings().max_context)
+
+
+# --------------------------------------------------------------------------------------------
+# rows
+
+
+@dataclass(frozen=True, eq=False)
+class Rows:
+    """Steps of one source ready to fit or score; arrays of shape (N,).
+
+    ``basis``: BLIS basis terms (:data:`roofcal.blis.basis.BASIS_TERMS`, float64);
+    ``target_us``: what to fit (native prediction or measurement); ``native_us``: the native
+    model's prediction (None without a native model); ``test``: held-out rows.
+    """
+
+    source: str
+    basis: dict
+    target_us: np.ndarray
+    native_us: np.ndarray | None
+    phase: np.ndarray
+    label: np.ndarray
+    test: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.target_us)
+
+
+def concat_rows(parts: Sequence[Rows]) -> Rows:
+    """Rows of one source from several deployments, in order."""
+    native = None if any(p.native_us is None for p in parts) else np.concatenate([p.native_us for p in parts])
+    return Rows(
+        parts[0].source,
+        {k: np.concatenate([np.asarray(p.basis[k], np.float64) for p in parts]) for k in BASIS_TERMS},
+        np.concatenate([p.target_us for p in parts]),
+        native,
+        np.concatenate([p.phase for p in parts]),
+        np.concatenate([p.label for p in parts]),
+        np.concatenate([p.test for p in parts]),
+    )
+
+
+def _concat_batches(batches: Sequence[StepBatch]) -> StepBatch:
+    """Stack the steps of several batches, zero-padding chunk and decode columns to the widest."""
+    P = max(b.prefill_new.shape[1] for b in batches)
+    D = max(b.decode_ctx.shape[1] for b in batches)
+    pad = lambda a, w: np.pad(np.asarray(a, np.float32), ((0, 0), (0, w - a.shape[1])))
+    return StepBatch(*(np.concatenate([pad(getattr(b, name), width) for b in batches])
+                       for name, width in (("prefill_new", P), ("prefill_cached", P), ("prefill_mask", P),
+                                           ("decode_ctx", D), ("decode_mask", D))))
+
+
+def native_times(params: dict, jobs: Sequence[tuple[ModelSpec, GPUSpec, int, StepBatch]]) -> list[np.ndarray]:
+    """Native step times (µs, float64) of each (model, GPU, TP, steps) job, in order.
+
+    Jobs of one deployment run as a single batch, so each deployment compiles the model once."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (spec, gpu, tp, _) in enumerate(jobs):
+        groups.setdefault((spec, gpu, int(tp)), []).append(i)
+    out: list = [None] * len(jobs)
+    for (spec, gpu, tp), idx in groups.items():
+        batches = [jobs[i][3] for i in idx]
+        total = np.asarray(step_breakdown(params, spec, gpu, tp, _concat_batches(batches))["total"], np.float64)
+        for i, part in zip(idx, np.split(total, np.cumsum([b.num_steps for b in batches])[:-1])):
+            out[i] = part
+    return out
+
+
+def _basis_np(constants: BlisConstants, requests) -> dict:
+    return {k: np.asarray(v, np.float64) for k, v in basis_for_constants(constants, requests).items()}
+
+
+def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[ResolvedDeployment],
+               settings: BlisFitSettings, datasets: Sequence[StepData] = (), hw: BlisHardware | None = None,
+               holdout: float = 0.2, seed: int = 0) -> dict[str, Rows]:
+    """{'distill': rows, 'measured': rows} (sources without steps left out).
+
+    Distillation: ``settings.samples`` steps sampled per deployment (sample and held-out rows depend
+    only on (seed, model, TP)), targets = native predictions with ``params`` on ``gpu``.
+    Measured: ``datasets`` with their BLIS requests (:func:`blis_requests_from_steps`) on ``hw``,
+    configurations held out as ``roofcal fit`` holds them out (``seed + 1``); steps without any
+    request are dropped; native predictions only when ``params`` is given."""
+    pending, jobs = [], []
+    for r in deployments:
+        name, tp = r.spec.name, int(r.deployment.tp)
+        capacity = kv_capacity_tokens(r.spec, gpu, tp, settings.sampler.gpu_memory_utilization)
+        sample = sample_steps(deployment_seed(settings.seed, name, tp), settings.samples, r.max_context,
+                              capacity, settings.sampler)
+        n = len(sample)
+        test = np.zeros(n, bool)
+        pick = np.random.default_rng([settings.seed, zlib.crc32(name.encode()), tp, 1]).permutation(n)
+        test[pick[: int(round(settings.holdout * n))]] = True
+        pending.append(("distill", _basis_np(r.constants, sample.requests), None, sample.phase,
+                        np.full(n, f"{name} tp{tp}"), test, np.ones(n, bool)))
+        jobs.append((r.spec, gpu, tp, sample.steps))
+    for d in datasets:
+        r = resolve_deployment(Deployment(d.model.name, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}")
+        requests = blis_requests_from_steps(d.batch, d.source)
+        pending.append(("measured", _basis_np(r.constants, requests), np.asarray(d.measured_us, np.float64),
+                        np.asarray(d.phase), np.full(len(d), f"{d.model.name} tp{d.tp}"),
+                        split_groups(d.config, holdout, seed + 1), requests.mask.any(1)))
+        jobs.append((d.model, load_gpu(d.gpu), d.tp, d.batch))
+    native = native_times(params, jobs) if params is not None else [None] * len(jobs)
+    parts: dict[str, list[Rows]] = {}
+    for (source, basis, measured, phase, label, test, keep), pred in zip(pending, native):
+        target = pred if source == "distill" else measured
+        parts.setdefault(source, []).append(_take(Rows(source, basis, target, pred, phase, label, test), keep))
+    return {source: concat_rows(p) for source, p in parts.items()}
+
+
+def distill_rows(params: dict, gpu: GPUSpec, deployments: Sequence[ResolvedDeployment],
+                 settings: BlisFitSettings) -> Rows:
+    """Sampled steps of every deployment, targets predicted by the native model (see :func:`build_rows`)."""
+    return build_rows(params, gpu, deployments, settings)["distill"]
+
+
+def measured_rows(datasets: Sequence[StepData], hw: BlisHardware, params: dict | None, holdout: float,
+                  seed: int) -> Rows:
+    """Measured steps as rows (see :func:`build_rows`); ``params``: native model, or None."""
+    return build_rows(params, None, (), BlisFitSettings(), datasets, hw, holdout, seed)["measured"]
+
+
+def _take(rows: Rows, sel: np.ndarray) -> Rows:
+    return Rows(rows.source, {k: v[sel] for k, v in rows.basis.items()}, rows.target_us[sel],
+                None if rows.native_us is None else rows.native_us[sel], rows.phase[sel], rows.label[sel],
+                rows.test[sel])
+
+
+# --------------------------------------------------------------------------------------------
+# the fit
+
+
+def design_matrix(basis: dict) -> np.ndarray:
+    """(N, 11) matrix X with BLIS's float step time (fully split form) = X @ β."""
+    return np.stack([np.asarray(basis[name], np.float64) for name in BETA_BASIS], axis=1)
+
+
+def blis_objective(theta, data):
+    """Weighted mean squared log-ratio of the float BLIS step time to the targets, plus the prior.
+
+    ``data`` = (basis dict (N,), target µs (N,), weight (N,), scale (11,), input β (11,),
+    prior strength (11,), free (11,) 1.0 where β is fitted). β = free·scale·softplus(θ) +
+    (1 − free)·input β."""
+    basis, target, weight, scale, center, strength, free = data
+    beta = free * scale * jax.nn.softplus(theta) + (1.0 - free) * center
+    pred = combine_basis(basis, beta, True, True)
+    return log_ratio_sq(pred, target, weight) + jnp.sum(strength * (beta - center) ** 2)
+
+
+def _softplus_inv(y: np.ndarray) -> np.ndarray:
+    return np.where(y < 30, y + np.log(-np.expm1(-np.minimum(y, 30))), y)
+
+
+def _round_sig(x: np.ndarray, digits: int = 9) -> np.ndarray:
+    return np.array([float(f"{v:.{digits}g}") for v in np.asarray(x, np.float64)])
+
+
+@dataclass(frozen=True)
+class BetaFit:
+    """Fitted β (11 values, BLIS order), the indices kept at their input value (no data), the
+    training objective and the training rows used."""
+
+    beta: tuple[float, ...]
+    kept: tuple[int, ...]
+    objective: float
+    n_train: int
+
+
+def fit_betas(rows: Sequence[Rows], input_beta: Sequence[float], iters: int = 300,
+              prior_rows: float = 1e-3) -> BetaFit:
+    """Fit the 11 β on the training rows of ``rows`` (see the module docstring).
+
+    ``input_beta``: the input defaults' β (any BLIS length ≥ 7; resolved to 11 values as BLIS does).
+    Fitted values are rounded to 9 significant digits, and values contributing less than 1e-7 of
+    a step's time are set to exactly 0; kept values are the input's, unrounded."""
+    from scipy.optimize import nnls
+
+    center = np.asarray(effective_beta(input_beta).beta, np.float64)
+    train = [_take(r, ~r.test) for r in rows if len(r) and (~r.test).any()]
+    if not train:
+        raise RoofcalError("blis fit: no training steps (give --coeffs to distil, or --steps with measurements)")
+    X = np.concatenate([design_matrix(r.basis) for r in train])
+    y = np.concatenate([r.target_us for r in train])
+    w = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in train])
+    w = w * len(y) / w.sum()  # sources weigh equally; Σw = N
+    if not np.all(np.isfinite(y) & (y > 0)) or not np.all(np.isfinite(X)):
+        raise RoofcalError("blis fit: step times to fit must be positive and finite")
+    rel = X / y[:, None]
+    m = np.sqrt((w[:, None] * rel**2).sum(0) / w.sum())  # relative effect of a unit of each β
+    free = m > 0
+    strength = prior_rows * m**2 / w.sum()
+    # exact non-negative least squares of the linearised problem (relative error) with the prior;
+    # columns of kept betas are all zero (no data, no prior), so they drop out
+    sw = np.sqrt(w / w.sum())
+    A = np.concatenate([sw[:, None] * rel, np.diag(np.sqrt(strength))])
+    b = np.concatenate([sw, np.sqrt(strength) * center])
+    start = center.copy()
+    start[free] = nnls(A[:, free], b, maxiter=50 * A.shape[1])[0]
+    scale = np.where(free, 1.0 / np.where(free, m, 1.0), 1.0)
+    theta0 = _softplus_inv(np.maximum(start / scale, 1e-3))
+    with jax.enable_x64(True):
+        data = (
+            {k: jnp.asarray(np.concatenate([np.asarray(r.basis[k]) for r in train]), jnp.float64) for k in BASIS_TERMS},
+            jnp.asarray(y, jnp.float64),
+            jnp.asarray(w, jnp.float64),
+            jnp.asarray(scale, jnp.float64),
+            jnp.asarray(center, jnp.float64),
+            jnp.asarray(strength, jnp.float64),
+            jnp.asarray(free, jnp.float64),
+        )
+        theta, _ = lbfgs(blis_objective, jnp.asarray(theta0, jnp.float64), data, iters)
+        fitted = np.where(free, scale * np.asarray(jax.nn.softplus(theta)), center)
+
+        def finish(beta):
+            beta = np.where(free & (beta * m < 1e-7), 0.0, beta)
+            beta = np.where(free, _round_sig(np.maximum(beta, 0.0)), center)  # kept values stay exact
+            return beta, _objective_at(beta, data)
+
+        candidates = [finish(np.where(free, start, center)), finish(fitted)]
+    beta, value = min(candidates, key=lambda c: (not np.isfinite(c[1]), c[1]))
+    return BetaFit(tuple(float(v) for v in beta), tuple(int(i) for i in np.flatnonzero(~free)), value, len(y))
+
+
+def _objective_at(beta: np.ndarray, data) -> float:
+    """The objective at a β vector (not θ): same loss and prior as :func:`blis_objective`."""
+    basis, target, weight, scale, center, strength, free = data
+    b = jnp.asarray(beta, jnp.float64)
+    pred = combine_basis(basis, b, True, True)
+    return float(log_ratio_sq(pred, target, weight) + jnp.sum(strength * (b - center) ** 2))
+
+
+# --------------------------------------------------------------------------------------------
+# scores
+
+
+def _summary(pred: np.ndarray, target: np.ndarray, prefix: str) -> dict:
+    s = error_summary(pred, target)
+    return {f"{prefix}_mape": round(s["mape"], 4), f"{prefix}_p90": round(s["p90"], 4),
+            f"{prefix}_bias": round(s["bias"], 4)}
+
+
+def score_rows(rows: Rows, beta: Sequence[float], input_beta: Sequence[float]) -> dict:
+    """{'train'|'heldout': {group: scores}} for one source: groups ``all``, each phase, each
+    deployment. Scores: n, and MAPE / p90 / bias (%) of BLIS's integer step time with the fitted β
+    (``blis_*``) and with the input β (``input_*``), and of the native model (``native_*``) when
+    it is not itself the target."""
+    got = np.asarray(blis_step_time(rows.basis, list(beta)), np.float64)
+    before = np.asarray(blis_step_time(rows.basis, list(input_beta)), np.float64)
+    out: dict = {"train": {}, "heldout": {}}
+    for split, sel in (("train", ~rows.test), ("heldout", rows.test)):
+        groups = [("all", sel)]
+        groups += [(p, sel & (rows.phase == p)) for p in ("prefill", "decode", "mixed")]
+        groups += [(lab, sel & (rows.label == lab)) for lab in sorted(set(rows.label.tolist()))]
+        for name, g in groups:
+            if not g.any():
+                continue
+            entry: dict = {"n": int(g.sum())}
+            if rows.native_us is not None and rows.source != "distill":
+                entry.update(_summary(rows.native_us[g], rows.target_us[g], "native"))
+            entry.update(_summary(got[g], rows.target_us[g], "blis"))
+            entry.update(_summary(before[g], rows.target_us[g], "input"))
+            out[split][name] = entry
+    return out
+
+
+@dataclass(frozen=True)
+class BlisFitResult:
+    """A fitted β with its scores: ``metrics`` = {'train'|'heldout': {source: {group: scores}}}."""
+
+    beta: tuple[float, ...]
+    kept: tuple[int, ...]
+    objective: float
+    n_rows: dict
+    metrics: dict = field(default_factory=dict)
+
+
+def fit_blis(rows: Sequence[Rows], input_beta: Sequence[float], settings: BlisFitSettings = BlisFitSettings()) -> BlisFitResult:
+    """Fit β on ``rows`` (one :class:`Rows` per source) and score every source."""
+    rows = [r for r in rows if len(r)]
+    fit = fit_betas(rows, input_beta, settings.iters, settings.prior_rows)
+    metrics: dict = {"train": {}, "heldout": {}}
+    for r in rows:
+        s = score_rows(r, fit.beta, input_beta)
+        for split in metrics:
+            metrics[split][r.source] = s[split]
+    n_rows = {r.source: {"train": int((~r.test).sum()), "heldout": int(r.test.sum())} for r in rows}
+    return BlisFitResult(fit.beta, fit.kept, fit.objective, n_rows, metrics)
+
+
+def deployments_from_records(records, where: str) -> list[Deployment]:
+    """``[{model, tp}, ...]`` (a coefficient file's ``fit.deployments``) → deployments."""
+    if not isinstance(records, list):
+        raise RoofcalError(f"{where}: expected a list of {{model, tp}}")
+    out = []
+    for i, r in enumerate(records):
+        model = r.get("model") if isinstance(r, dict) else None
+        tp = r.get("tp") if isinstance(r, dict) else None
+        if not isinstance(model, str) or isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise RoofcalError(f"{where}[{i}]: expected {{model: <name>, tp: <integer ≥ 1>}}, got {r!r}")
+        out.append(Deployment(model, tp))
+    return out
+
+
+__all__ = [
+    "BETA_BASIS", "BETA_NAMES", "BetaFit", "BlisFitResult", "BlisFitSettings", "Deployment",
+    "ResolvedDeployment", "Rows", "blis_objective", "concat_rows", "deployments_from_records",
+    "design_matrix", "distill_rows", "fit_betas", "fit_blis", "measured_rows", "resolve_deployment",
+    "score_rows",
+]
