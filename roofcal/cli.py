@@ -1,7 +1,7 @@
 """The ``roofcal`` command line: every command is a thin wrapper over a documented function.
 
 Errors in the input print one line, ``roofcal: error: …``, and exit with status 2; nothing is
-written.
+written. A check that runs but fails (``roofcal blis check``) exits with status 1.
 """
 
 from __future__ import annotations
@@ -123,14 +123,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        code = args.func(args)             # a handler may return a non-zero exit status
     except RoofcalError as e:
         print(f"roofcal: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("roofcal: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

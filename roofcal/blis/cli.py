@@ -87,7 +87,7 @@ def _print_form(form) -> None:
     print(f"alphas {list(form.alpha)}: {form.alpha_source}")
 
 
-def cmd_check(a) -> None:
+def cmd_check(a) -> int:
     from roofcal.blis.goldens import check_goldens
 
     report = check_goldens(a.goldens)
@@ -96,7 +96,8 @@ def cmd_check(a) -> None:
         for cid, want, got in report.mismatches[:10]:
             print(f"  mismatch {cid}: BLIS {want} µs, roofcal {got} µs")
         print(f"{len(report.mismatches)} of {report.n_cases} cases differ")
-        raise SystemExit(1)
+        return 1
+    return 0
 
 
 def cmd_fit(a) -> None:
