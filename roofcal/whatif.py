@@ -1,0 +1,244 @@
+"""What-if analysis: step times on a changed datasheet, and their sensitivity to every field.
+
+``model.step_breakdown`` takes the :class:`GPUSpec` as a static (compile-time) argument, so it
+cannot be differentiated with respect to the datasheet. :func:`step_times` is the same
+computation with the datasheet numbers (peaks in 1e12 FLOP/s, bandwidths in 1e12 and 1e9 B/s, SM
+count) as traced scalars ``theta``. The coefficients belong to their own GPU (``ref``); on other
+numbers their efficiency surfaces move as :func:`roofcal.bootstrap.bootstrap` moves them (rule
+``sm``: only an SM-count change moves them), so the "after" of a what-if equals a prediction
+with the bootstrapped coefficients.
+
+Sensitivity of a step time ``t`` to a field ``f`` is the elasticity ``∂ log t / ∂ log f`` (forward
+mode JAX): −0.92 for ``hbm_bandwidth_tbs`` means 1 % more bandwidth makes the step 0.92 % faster,
+i.e. the step is "0.92 bandwidth-bound". Step time is kernels at rates plus fixed costs (latencies,
+overheads), and the kernel part is homogeneous of degree −1 in the rates, so the rate elasticities
+sum to −(1 − fixed share). Per phase, the elasticity of the phase's total time is the
+time-weighted mean of its steps'. Fields the time model does not read (``hbm_capacity_gib``) and
+peaks the GPU lacks (``fp8_tflops`` = 0: FP8 runs at the BF16 peak) have elasticity 0.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from . import correction as K
+from .bootstrap import DEFAULT_RULE, op_rates, shifts
+from .components import ideal_times
+from .config import ModelSpec
+from .decompose import step_ops
+from .errors import RoofcalError
+from .hardware import NUMERIC_FIELDS, GPUSpec
+from .model import OVERHEAD
+from .steps import StepBatch, step_totals
+
+#: datasheet numbers the time model reads, traced in :func:`step_times`
+RATE_FIELDS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "hbm_bandwidth_tbs",
+               "interconnect_bandwidth_gbs", "sm_count")
+#: fields reported (the what-if fields of the datasheet schema)
+FIELDS = tuple(NUMERIC_FIELDS)
+_PEAK_FIELD = {"fp8": "fp8_tflops", "fp8_block": "fp8_tflops", "int8": "int8_tops",
+               "fp16": "fp16_tflops"}
+
+
+def theta_of(gpu: GPUSpec) -> dict:
+    """The traced datasheet numbers of ``gpu`` (absent peaks as 1.0: never read, see above)."""
+    return {f: jnp.asarray(float(getattr(gpu, f)) or 1.0, jnp.float32) for f in RATE_FIELDS}
+
+
+def rates(theta: dict, gpu: GPUSpec, kind: str, variant: str) -> tuple:
+    """(peak FLOP/µs, bytes/µs, SMs) bounding a kernel, from traced ``theta``; which peak applies
+    (and the BF16 fallback) follows ``gpu`` as in :func:`roofcal.model.op_peak_and_bandwidth`."""
+    dtype = variant if kind in ("gemm", "moe") else "bf16"
+    field = _PEAK_FIELD.get(dtype)
+    peak_field = field if field and getattr(gpu, field) else "bf16_tflops"
+    bw = theta["interconnect_bandwidth_gbs"] * 1e3 if K.OP_KINDS[kind].link \
+        else theta["hbm_bandwidth_tbs"] * 1e6
+    return theta[peak_field] * 1e6, bw, theta["sm_count"]
+
+
+def op_time(p: dict, kind: str, work, new: tuple, ref: tuple, rule: str | None):
+    """Corrected time (µs) of calls with ``work`` at rates ``new``, with coefficients fitted at
+    ``ref`` and carried by ``rule`` (None: surfaces fixed in shape)."""
+    tc, tm = ideal_times(work, new[0], new[1])
+    z = K.standardize(kind, work.shape)
+    if rule is None:
+        ec, em = K.efficiencies_z(p, z)
+        return K._corrected(p, ec, em, tc, tm)
+    dc, dm = shifts(rule, kind, ref, new)
+    scale = jnp.asarray(K.OP_KINDS[kind].scale, jnp.float32)
+    zc, zm = dc / scale, dm / scale
+    lo, hi = jax.lax.stop_gradient(p["lo"]), jax.lax.stop_gradient(p["hi"])
+    u = jnp.clip(z + zm, lo, hi) - zm                 # the bootstrapped file's clamp (see bootstrap)
+    deg = K.degree_of(z.shape[-1], p["eff_c"].shape[0])
+    free = jnp.full(z.shape[-1], 1e30, jnp.float32)
+    fm = K.features(u + zm, -free, free, deg)
+    fc = fm if rule != "duration" else K.features(u + zc, -free, free, deg)   # dc = dm
+    ec, em = jax.nn.sigmoid(fc @ p["eff_c"]), jax.nn.sigmoid(fm @ p["eff_m"])
+    return K._corrected(p, ec, em, tc, tm)
+
+
+@partial(jax.jit, static_argnames=("model", "gpu", "ref", "tp", "rule"))
+def step_times(params: dict, theta: dict, model: ModelSpec, gpu: GPUSpec, ref: GPUSpec, tp: int,
+               batch: StepBatch, rule: str | None = DEFAULT_RULE) -> dict:
+    """:func:`roofcal.model.step_breakdown` with datasheet numbers ``theta`` traced.
+
+    ``gpu`` decides which peak each dtype uses; ``ref`` is the GPU the coefficients were fitted
+    for. With ``theta = theta_of(ref)`` and ``gpu = ref`` this equals ``step_breakdown``.
+    """
+    t = step_totals(batch, jnp)
+    calls = step_ops(model, tp, t)
+    out = {}
+    for name, call in calls.items():
+        _, p = K.lookup(params["ops"], call.kind, call.variant)
+        r = op_rates(ref, call.kind, call.variant)
+        new = rates(theta, gpu, call.kind, call.variant)
+        out[name] = call.count * op_time(p, call.kind, call.work, new, r, rule)
+    scales = K.step_scales(params["step"])
+    for group, names in K.STEP_SCALES.items():
+        for name in names:
+            if name in out:
+                out[name] = out[name] * scales[group]
+    a, b = out["attn_prefill"], out["attn_decode"]
+    both = K.smax(a, b, K.mix_sharpness(params["step"]))
+    scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
+    out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
+    o = K.step_overheads(params["step"])
+    busy = (t.tokens > 0).astype(jnp.float32)
+    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers + o[5] * 2.0 * model.num_layers * (tp - 1)) \
+        + o[2] * t.n_prefill + o[3] * t.n_decode + o[4] * t.tokens
+    out["total"] = sum(out.values())
+    return out
+
+
+@partial(jax.jit, static_argnames=("model", "gpu", "tp", "rule"))
+def elasticities(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch,
+                 rule: str | None = DEFAULT_RULE) -> dict:
+    """{field: ∂ log t / ∂ log field} per step, shape (S,), at ``gpu``'s own datasheet."""
+    log_theta = {f: jnp.log(v) for f, v in theta_of(gpu).items()}
+
+    def log_total(lt):
+        th = {f: jnp.exp(v) for f, v in lt.items()}
+        return jnp.log(jnp.maximum(step_times(params, th, model, gpu, gpu, tp, batch, rule)["total"],
+                                   1e-30))
+
+    jac = jax.jacfwd(log_total)(log_theta)
+    return {f: jnp.where(getattr(gpu, f) > 0, jac[f], 0.0) for f in RATE_FIELDS}
+
+
+# --------------------------------------------------------------------------------------------
+# the what-if of a step file
+
+def parse_changes(items) -> dict:
+    """``["hbm_bandwidth_tbs=4.8", ...]`` → {field: number}; one-line errors."""
+    out = {}
+    for item in items or ():
+        if "=" not in item:
+            raise RoofcalError(f"--set: {item!r} is not FIELD=VALUE (fields: {', '.join(FIELDS)})")
+        key, value = (s.strip() for s in item.split("=", 1))
+        if key not in NUMERIC_FIELDS:
+            raise RoofcalError(f"--set: unknown datasheet field {key!r} (fields: {', '.join(FIELDS)})")
+        try:
+            v = float(value)
+        except ValueError:
+            raise RoofcalError(f"--set: field '{key}' needs a number, got {value!r}")
+        if key == "sm_count":
+            if v != int(v):
+                raise RoofcalError(f"--set: field 'sm_count' must be an integer, got {value!r}")
+            v = int(v)
+        out[key] = v
+    return out
+
+
+def whatif_batch(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch,
+                 changes: dict, rule: str | None = DEFAULT_RULE) -> pd.DataFrame:
+    """Per step: ``before_us``, ``after_us`` (datasheet with ``changes``) and one ``d_<field>``
+    column per field (∂ log t / ∂ log field at the unchanged datasheet)."""
+    new = gpu.replace(**changes) if changes else gpu
+    before = step_times(params, theta_of(gpu), model, gpu, gpu, tp, batch, rule)["total"]
+    after = step_times(params, theta_of(new), model, new, gpu, tp, batch, rule)["total"]
+    el = elasticities(params, model, gpu, tp, batch, rule)
+    df = pd.DataFrame({"before_us": np.asarray(before, np.float64),
+                       "after_us": np.asarray(after, np.float64)})
+    for f in FIELDS:
+        df[f"d_{f}"] = np.asarray(el[f], np.float64) if f in el else 0.0
+    return df
+
+
+def whatif(steps, coeffs=None, model=None, gpu=None, tp: int | None = None, changes=None,
+           rule: str | None = DEFAULT_RULE) -> pd.DataFrame:
+    """``roofcal whatif``: one row per step (input order): step, phase, model, gpu, tp, before_us,
+    after_us, change_pct and ``d_<field>`` elasticities. ``steps``/``model``/``gpu``/``tp``/
+    ``coeffs`` as in :func:`roofcal.predict.predict`; ``changes`` {field: value}."""
+    from pathlib import Path
+    from .config import check_tp, load_model
+    from .hardware import load_gpu
+    from .predict import resolve_coeffs
+    from .steps import batch_steps, read_steps
+    src = str(steps) if isinstance(steps, (str, Path)) else "steps"
+    records = read_steps(steps) if isinstance(steps, (str, Path)) else list(steps)
+    if not records:
+        raise RoofcalError(f"{src}: no steps")
+    deps: dict = {}
+    for i, s in enumerate(records):
+        dep = (s.model or model, s.gpu or gpu, s.tp or tp)
+        for name, value in zip(("model", "gpu", "tp"), dep):
+            if value is None:
+                raise RoofcalError(f"{src}: step {i + 1} has no {name} (give --{name} or a "
+                                   f"'{name}' field)")
+        deps.setdefault(dep, []).append(i)
+    frames = []
+    for (m, g, t), idx in deps.items():
+        spec, gspec = load_model(m), load_gpu(g)
+        check_tp(spec, int(t), where=f"{src}: tp")
+        c = resolve_coeffs(coeffs, gspec)
+        df = whatif_batch(c.params, spec, gspec, int(t), batch_steps([records[i] for i in idx]),
+                          changes or {}, rule)
+        df.insert(0, "step", np.asarray(idx) + 1)
+        df.insert(1, "phase", [records[i].phase for i in idx])
+        df.insert(2, "model", spec.name)
+        df.insert(3, "gpu", gspec.name)
+        df.insert(4, "tp", int(t))
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True).sort_values("step", kind="stable")
+    before = df["before_us"].to_numpy()
+    df.insert(df.columns.get_loc("after_us") + 1, "change_pct", np.where(
+        before > 0, (df["after_us"].to_numpy() / np.maximum(before, 1e-30) - 1.0) * 100.0, 0.0))
+    return df.reset_index(drop=True)
+
+
+def by_phase(df: pd.DataFrame) -> pd.DataFrame:
+    """Per phase: steps, mean before/after µs, change % of the total, and the elasticities of
+    the phase's total time (time-weighted means), plus the fixed share 1 + Σ rate elasticities."""
+    rows = []
+    for phase, g in df.groupby("phase", sort=True):
+        w = g["before_us"].to_numpy()
+        row = {"phase": phase, "steps": len(g), "before_us": float(w.mean()),
+               "after_us": float(g["after_us"].mean()),
+               "change_pct": float((g["after_us"].sum() / w.sum() - 1.0) * 100.0)
+               if w.sum() > 0 else 0.0}
+        for f in FIELDS:
+            row[f"d_{f}"] = float(np.sum(w * g[f"d_{f}"].to_numpy()) / max(w.sum(), 1e-30))
+        row["fixed_share"] = 1.0 + sum(row[f"d_{f}"] for f in FIELDS if f != "sm_count")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def describe(phases: pd.DataFrame) -> list[str]:
+    """One sentence per phase, e.g. ``decode (32 steps): 0.92 bandwidth-bound, ...``."""
+    names = {"hbm_bandwidth_tbs": "bandwidth-bound", "bf16_tflops": "BF16-compute-bound",
+             "fp8_tflops": "FP8-compute-bound", "int8_tops": "INT8-compute-bound",
+             "interconnect_bandwidth_gbs": "interconnect-bound"}
+    out = []
+    for _, r in phases.iterrows():
+        parts = [f"{-r[f'd_{f}']:.2f} {n}" for f, n in names.items() if abs(r[f"d_{f}"]) >= 0.005]
+        parts.append(f"{r['fixed_share']:.2f} fixed (latencies, overheads)")
+        if abs(r["d_sm_count"]) >= 0.005:
+            parts.append(f"SM-count elasticity {r['d_sm_count']:+.2f}")
+        n = int(r["steps"])
+        out.append(f"{r['phase']} ({n} step{'s' if n != 1 else ''}): " + ", ".join(parts))
+    return out
