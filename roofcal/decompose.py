@@ -91,11 +91,11 @@ def step_ops(model: ModelSpec, tp: int, t: StepTotals) -> dict[str, OpCall]:
                                                    math.ceil(model.vocab_size / tp), d, ab, ab, 4.0), 1)
     if tp > 1:
         ops["allreduce"] = OpCall("allreduce", "custom", C.allreduce(
-            tp + 0.0 * tokens, tokens * d * ab), 2 * L)
+            float(tp), tokens * d * ab), 2 * L)
     mean_inter = (model.num_dense_layers * model.intermediate
                   + model.num_moe_layers * model.shared_intermediate) / (L * tp)
     ops["elementwise"] = OpCall("elementwise", "bf16", C.elementwise(
-        tokens, d + 0.0 * tokens, mean_inter, q_width, kv_width, ab, model.gated_mlp), L)
+        tokens, float(d), mean_inter, q_width, kv_width, ab, model.gated_mlp), L)
     return ops
 
 
