@@ -1,12 +1,12 @@
 """``roofcal residuals``: where a coefficient file's error comes from (wraps
-:func:`roofcal.residuals.residuals`)."""
+:func:`roofcal.residuals_report.residuals`)."""
 
 from __future__ import annotations
 
 
 def cmd_residuals(a) -> None:
     import time
-    from .residuals import residuals, terminal_text
+    from .residuals_report import residuals, terminal_text
     t0 = time.time()
     data = a.data if a.data else None
     res = residuals(a.coeffs, data, a.out, gpu=a.gpu, model=a.model, tp=a.tp, blis=a.blis,

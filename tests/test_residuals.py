@@ -23,12 +23,13 @@ from roofcal.hardware import load_gpu
 from roofcal.loss import error_summary
 from roofcal.ops import predict_table, read_ops, write_ops_csv_text
 from roofcal.model import step_breakdown
-from roofcal.residuals import (BLIS_TERMS, Residuals, attribution, best_per_regime, blis_hardware,
-                               blis_requests, pad_batch, padded_size, read_blis_coeffs, residuals,
-                               smax_split)
+from roofcal.attribution import attribution, best_per_regime
+from roofcal.blis.residuals import BLIS_TERMS, blis_hardware, read_blis_coeffs
+from roofcal.residuals import pad_batch, padded_size, smax_split
+from roofcal.residuals_report import Residuals, residuals
 from roofcal.config import load_model
 from roofcal.stepdata import StepData, read_splitwise
-from roofcal.steps import Step, StepBatch, batch_steps, uniform_steps, write_steps_text
+from roofcal.steps import Step, StepBatch, uniform_steps, write_steps_text
 
 H100 = load_gpu("h100_sxm")
 COEFFS = resources.COEFFS / "h100_sxm.yaml"
@@ -263,25 +264,13 @@ def test_attribution_is_scale_one_when_the_model_is_exact(coeffs):
 # --------------------------------------------------------------------------------------------
 # BLIS
 
-def test_blis_requests_follow_the_mapping():
-    r = blis_requests(batch_steps([Step(prefill=((100, 50),), decode=(10, 20))]))
-    m = r.mask[0]
-    assert list(r.input_len[0][m]) == [150, 10, 20]
-    assert list(r.progress_index[0][m]) == [50, 10, 20]
-    assert list(r.num_new_tokens[0][m]) == [100, 1, 1]
-    assert list(r.num_output_tokens[0][m]) == [0, 1, 1]
-    # multiplicities of a uniform batch become repeated requests
-    u = blis_requests(uniform_steps([2, 0], [512, 1], [0, 0], [3, 5], [100.5, 7]))
-    assert u.mask.sum(1).tolist() == [5, 5]
-    assert sorted(u.num_new_tokens[0][u.mask[0]].tolist()) == [1, 1, 1, 512, 512]
-
-
 def blis_batch_by_hand(d) -> BlisBatch:
     """BLIS requests of every step of a splitwise StepData, built one request at a time."""
     b = d.batch
     rows = []
     for i in range(len(d)):
-        new, ctx = float(b.prefill_new[i, 0]), float(b.decode_ctx[i, 0])
+        # BLIS requests carry integer contexts (the splitwise mean decode sits at x.5)
+        new, ctx = float(b.prefill_new[i, 0]), float(np.rint(b.decode_ctx[i, 0]))
         rows.append([(new, 0.0, new, 0.0)] * int(b.prefill_mask[i, 0])
                     + [(ctx, ctx, 1.0, 1.0)] * int(b.decode_mask[i, 0]))
     width = 1 << (max(len(r) for r in rows) - 1).bit_length()   # padded like the report's, so
