@@ -40,6 +40,29 @@ def kernel_times(params: dict, gpu: GPUSpec, calls: dict) -> dict:
     return out
 
 
+def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
+    """Step level: kernel times (µs per step, by component) → every component, ``overhead`` and
+    ``total`` (µs). Applies the kernel-group scales, the prefill–decode attention mix of a mixed
+    step (soft max with sharpness ``mix``; 1 = sum) and the overheads; ``t`` = step totals."""
+    out = dict(kernels)
+    scales = K.step_scales(step)
+    for group, names in K.STEP_SCALES.items():
+        for name in names:
+            if name in out:
+                out[name] = out[name] * scales[group]
+    a, b = out["attn_prefill"], out["attn_decode"]
+    both = K.smax(a, b, K.mix_sharpness(step))
+    scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
+    out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
+    o = K.step_overheads(step)
+    busy = (t.tokens > 0).astype(jnp.float32)
+    allreduce_calls = 2.0 * model.num_layers * (tp - 1)     # per peer GPU
+    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers + o[5] * allreduce_calls) \
+        + o[2] * t.n_prefill + o[3] * t.n_decode + o[4] * t.tokens
+    out["total"] = sum(out.values())
+    return out
+
+
 @partial(jax.jit, static_argnames=("model", "gpu", "tp"))
 def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch) -> dict:
     """Per-step times (µs) of every component, ``overhead``, ``total``, and work totals.
@@ -50,23 +73,7 @@ def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch:
     """
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
-    out = kernel_times(params, gpu, calls)
-    scales = K.step_scales(params["step"])
-    for group, names in K.STEP_SCALES.items():
-        for name in names:
-            if name in out:
-                out[name] = out[name] * scales[group]
-    # prefill and decode attention of a mixed step: soft max with sharpness ``mix`` (1 = sum)
-    a, b = out["attn_prefill"], out["attn_decode"]
-    both = K.smax(a, b, K.mix_sharpness(params["step"]))
-    scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
-    out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
-    o = K.step_overheads(params["step"])
-    busy = (t.tokens > 0).astype(jnp.float32)
-    allreduce_calls = 2.0 * model.num_layers * (tp - 1)     # per peer GPU
-    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers + o[5] * allreduce_calls) \
-        + o[2] * t.n_prefill + o[3] * t.n_decode + o[4] * t.tokens
-    out["total"] = sum(out.values())
+    out = combine(params["step"], model, tp, t, kernel_times(params, gpu, calls))
     out["flops"] = sum(c.count * c.work.flops for c in calls.values())
     out["bytes"] = sum(c.count * c.work.bytes for c in calls.values())
     return out

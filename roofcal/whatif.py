@@ -33,7 +33,7 @@ from .config import ModelSpec
 from .decompose import step_ops
 from .errors import RoofcalError
 from .hardware import NUMERIC_FIELDS, GPUSpec
-from .model import OVERHEAD
+from .model import combine
 from .steps import StepBatch, step_totals
 
 #: datasheet numbers the time model reads, traced in :func:`step_times`
@@ -98,21 +98,7 @@ def step_times(params: dict, theta: dict, model: ModelSpec, gpu: GPUSpec, ref: G
         r = op_rates(ref, call.kind, call.variant)
         new = rates(theta, gpu, call.kind, call.variant)
         out[name] = call.count * op_time(p, call.kind, call.work, new, r, rule)
-    scales = K.step_scales(params["step"])
-    for group, names in K.STEP_SCALES.items():
-        for name in names:
-            if name in out:
-                out[name] = out[name] * scales[group]
-    a, b = out["attn_prefill"], out["attn_decode"]
-    both = K.smax(a, b, K.mix_sharpness(params["step"]))
-    scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
-    out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
-    o = K.step_overheads(params["step"])
-    busy = (t.tokens > 0).astype(jnp.float32)
-    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers + o[5] * 2.0 * model.num_layers * (tp - 1)) \
-        + o[2] * t.n_prefill + o[3] * t.n_decode + o[4] * t.tokens
-    out["total"] = sum(out.values())
-    return out
+    return combine(params["step"], model, tp, t, out)
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "tp", "rule"))
@@ -174,37 +160,10 @@ def whatif(steps, coeffs=None, model=None, gpu=None, tp: int | None = None, chan
     """``roofcal whatif``: one row per step (input order): step, phase, model, gpu, tp, before_us,
     after_us, change_pct and ``d_<field>`` elasticities. ``steps``/``model``/``gpu``/``tp``/
     ``coeffs`` as in :func:`roofcal.predict.predict`; ``changes`` {field: value}."""
-    from pathlib import Path
-    from .config import check_tp, load_model
-    from .hardware import load_gpu
-    from .predict import resolve_coeffs
-    from .steps import batch_steps, read_steps
-    src = str(steps) if isinstance(steps, (str, Path)) else "steps"
-    records = read_steps(steps) if isinstance(steps, (str, Path)) else list(steps)
-    if not records:
-        raise RoofcalError(f"{src}: no steps")
-    deps: dict = {}
-    for i, s in enumerate(records):
-        dep = (s.model or model, s.gpu or gpu, s.tp or tp)
-        for name, value in zip(("model", "gpu", "tp"), dep):
-            if value is None:
-                raise RoofcalError(f"{src}: step {i + 1} has no {name} (give --{name} or a "
-                                   f"'{name}' field)")
-        deps.setdefault(dep, []).append(i)
-    frames = []
-    for (m, g, t), idx in deps.items():
-        spec, gspec = load_model(m), load_gpu(g)
-        check_tp(spec, int(t), where=f"{src}: tp")
-        c = resolve_coeffs(coeffs, gspec)
-        df = whatif_batch(c.params, spec, gspec, int(t), batch_steps([records[i] for i in idx]),
-                          changes or {}, rule)
-        df.insert(0, "step", np.asarray(idx) + 1)
-        df.insert(1, "phase", [records[i].phase for i in idx])
-        df.insert(2, "model", spec.name)
-        df.insert(3, "gpu", gspec.name)
-        df.insert(4, "tp", int(t))
-        frames.append(df)
-    df = pd.concat(frames, ignore_index=True).sort_values("step", kind="stable")
+    from .predict import per_deployment
+    df = per_deployment(steps, model, gpu, tp, coeffs,
+                        lambda c, spec, gspec, t, batch, recs:
+                        whatif_batch(c.params, spec, gspec, t, batch, changes or {}, rule))
     before = df["before_us"].to_numpy()
     df.insert(df.columns.get_loc("after_us") + 1, "change_pct", np.where(
         before > 0, (df["after_us"].to_numpy() / np.maximum(before, 1e-30) - 1.0) * 100.0, 0.0))
