@@ -20,7 +20,6 @@ Conventions chosen where configs are ambiguous (each documented in the README):
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, replace
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from . import resources
 from .errors import RoofcalError
+from .io import read_json_object
 
 #: bytes per element of each dtype name found in configs
 DTYPE_BYTES = {
@@ -330,10 +330,7 @@ def resolve_config_path(model: str | Path) -> Path:
 def load_model(model: str | Path) -> ModelSpec:
     """Load a :class:`ModelSpec` by bundled name (``llama-2-7b-hf``) or path."""
     path = resolve_config_path(model)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RoofcalError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}")
+    raw = read_json_object(path, "model config file")
     name = path.parent.name if path.name == "config.json" else path.stem
     return parse_config(raw, resources.display(path), name=name)
 

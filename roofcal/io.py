@@ -81,3 +81,22 @@ def read_yaml(path: str | os.PathLike, what: str = "file"):
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise RoofcalError(f"{path}: invalid YAML" + (f" at line {mark.line + 1}" if mark else ""))
+
+
+def read_json_object(path: str | os.PathLike, what: str = "file") -> dict:
+    """Parse a JSON file holding an object; any failure raises a one-line ``RoofcalError``."""
+    import json
+    from .errors import RoofcalError
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RoofcalError(f"{path}: no such {what}") from None
+    except OSError as err:
+        raise RoofcalError(f"{path}: cannot read {what}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise RoofcalError(f"{path}: not a UTF-8 text file") from None
+    except json.JSONDecodeError as err:
+        raise RoofcalError(f"{path}: invalid JSON at line {err.lineno}: {err.msg}") from None
+    if not isinstance(data, dict):
+        raise RoofcalError(f"{path}: expected a JSON object at the top level")
+    return data

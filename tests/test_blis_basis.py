@@ -280,10 +280,10 @@ def test_config_errors_name_file_and_field(tmp_path, edit, message):
 
 
 def test_config_missing_or_bad_json(tmp_path):
-    with pytest.raises(RoofcalError, match=r"nope.json: model config file not found"):
+    with pytest.raises(RoofcalError, match=r"nope.json: no such model config file"):
         load_blis_model(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(RoofcalError, match=r"bad.json: not valid JSON"):
+    with pytest.raises(RoofcalError, match=r"bad.json: invalid JSON at line 1"):
         load_blis_model(tmp_path / "bad.json")
 
 
@@ -327,8 +327,8 @@ def test_goldens_missing_field_is_one_line_error(tmp_path, edit, message):
 
 
 def test_goldens_missing_file_and_bad_json(tmp_path):
-    with pytest.raises(RoofcalError, match=r"goldens file not found"):
+    with pytest.raises(RoofcalError, match=r"no such goldens file"):
         check_goldens(tmp_path / "absent.json")
     (tmp_path / "bad.json").write_text("[1,")
-    with pytest.raises(RoofcalError, match=r"bad.json: not valid JSON"):
+    with pytest.raises(RoofcalError, match=r"bad.json: invalid JSON at line 1"):
         check_goldens(tmp_path / "bad.json")

@@ -116,7 +116,7 @@ def test_blis_check_bad_goldens_exit_2(tmp_path, capsys):
     code, _, err = run(capsys, "blis", "check", "--goldens", bad)
     assert code == 2 and "bad.json" in one_error_line(err)
     code, _, err = run(capsys, "blis", "check", "--goldens", tmp_path / "missing.json")
-    assert code == 2 and "not found" in one_error_line(err)
+    assert code == 2 and "no such goldens file" in one_error_line(err)
 
 
 # ------------------------------------------------------------------------------------------

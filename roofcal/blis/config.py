@@ -20,7 +20,6 @@ trained-physics basis functions in :mod:`roofcal.blis.basis` see exactly what BL
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from roofcal.errors import RoofcalError, where
+from roofcal.io import read_json_object
 
 #: torch dtype name → bytes per element, as BLIS maps it. Anything else maps to 0 and is refused.
 DTYPE_BYTES: Mapping[str, float] = {
@@ -227,16 +227,7 @@ def weight_bytes_from_model_name(model_name: str) -> float:
 def read_config_json(config_path: str | Path) -> dict[str, Any]:
     """The config.json object with any ``text_config`` object merged (shallowly) over the root."""
     path = Path(config_path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RoofcalError(f"{path}: model config file not found") from None
-    except OSError as err:
-        raise RoofcalError(f"{path}: cannot read model config: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RoofcalError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise RoofcalError(f"{path}: expected a JSON object at the top level")
+    raw = read_json_object(path, "model config file")
     text = raw.get("text_config")
     return {**raw, **text} if isinstance(text, dict) else raw
 

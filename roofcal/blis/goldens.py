@@ -9,7 +9,6 @@ from those inputs: the recorded ``basis``/``features`` are never read.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -31,6 +30,7 @@ from roofcal.blis.basis import (
 )
 from roofcal.blis.config import BlisModel, load_blis_model
 from roofcal.errors import RoofcalError
+from roofcal.io import read_json_object
 
 
 @dataclass(frozen=True)
@@ -54,17 +54,7 @@ def _get(obj: Any, key: str, path: Path, where: str) -> Any:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RoofcalError(f"{path}: goldens file not found") from None
-    except OSError as err:
-        raise RoofcalError(f"{path}: cannot read goldens file: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RoofcalError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise RoofcalError(f"{path}: expected a JSON object at the top level")
-    return data
+    return read_json_object(path, "goldens file")
 
 
 @dataclass(frozen=True)
