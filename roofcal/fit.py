@@ -65,7 +65,7 @@ class FitSettings:
         d["degree"] = {k: self.degree_of(k) for k in K.OP_KINDS}
         d["loss"] = "mean squared log-ratio + Gaussian prior (kappa/N pseudo-rows)"
         d["optimizer"] = ("kernels: optax L-BFGS by continuation in surface degree; "
-                          "steps: optax Adam (cosine-decayed step size) then L-BFGS")
+                          "steps: optax Adam, cosine-decayed step size")
         return d
 
 
@@ -315,7 +315,6 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
     x = {"step": params["step"], **({"ops": kernel_params} if free_kernels else {})}
     x, _ = minimize(loss, x, (), settings.step_iters, settings.lr, desc="steps",
                     progress=settings.progress)
-    x, _ = lbfgs(loss, x, (), 100)
     return {"ops": x.get("ops", kernel_params), "step": x["step"]}
 
 
