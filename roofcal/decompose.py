@@ -69,23 +69,20 @@ def step_ops(model: ModelSpec, tp: int, t: StepTotals) -> dict[str, OpCall]:
             a["kv_elems"], ab, model.kv_bytes), L),
         "o_proj": OpCall("gemm", gv, C.gemm(tokens, d, a["heads"] * a["v_dim"], ab, wb, ab), L),
     }
-    up_mats = model.mlp_matrices - 1
+    def mlp(prefix: str, width: float, layers: int) -> None:
+        """A TP-split MLP: (gate+)up column-split, down row-split, ``width`` per GPU."""
+        up = (model.mlp_matrices - 1) * width
+        ops[f"{prefix}_up"] = OpCall("gemm", gv, C.gemm(tokens, up, d, ab, wb, ab), layers)
+        ops[f"{prefix}_down"] = OpCall("gemm", gv, C.gemm(tokens, d, width, ab, wb, ab), layers)
+
     if model.num_dense_layers:
-        inter = model.intermediate / tp
-        ops["mlp_up"] = OpCall("gemm", gv, C.gemm(tokens, up_mats * inter, d, ab, wb, ab),
-                               model.num_dense_layers)
-        ops["mlp_down"] = OpCall("gemm", gv, C.gemm(tokens, d, inter, ab, wb, ab),
-                                 model.num_dense_layers)
+        mlp("mlp", model.intermediate / tp, model.num_dense_layers)
     if model.is_moe:
         ops["moe"] = OpCall("moe", gv, C.moe(tokens, d, model.moe_intermediate,
                                               model.experts_per_tok, model.num_experts, tp, 1.0,
                                               wb, ab, model.mlp_matrices), model.num_moe_layers)
         if model.shared_intermediate:
-            sh = model.shared_intermediate / tp
-            ops["shared_up"] = OpCall("gemm", gv, C.gemm(tokens, up_mats * sh, d, ab, wb, ab),
-                                      model.num_moe_layers)
-            ops["shared_down"] = OpCall("gemm", gv, C.gemm(tokens, d, sh, ab, wb, ab),
-                                        model.num_moe_layers)
+            mlp("shared", model.shared_intermediate / tp, model.num_moe_layers)
     # the LM head runs in the activation dtype (vLLM keeps it unquantised)
     ops["lm_head"] = OpCall("gemm", "bf16", C.gemm(t.n_prefill + t.n_decode,
                                                    math.ceil(model.vocab_size / tp), d, ab, ab, 4.0), 1)
