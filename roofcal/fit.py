@@ -29,10 +29,10 @@ from . import correction as K
 from .coeffs import Coefficients, roundtrip
 from .hardware import GPUSpec
 from .loss import error_summary, log_ratio_sq, prior_penalty
-from .model import step_breakdown
+from .model import overhead_counts, step_breakdown
 from .ops import groups, predict_table, row_times
 from .optim import lbfgs, minimize
-from .stepdata import StepData
+from .steps import step_totals
 
 
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean
@@ -48,7 +48,7 @@ class FitSettings:
     holdout: float = 0.2              # fraction of per-op rows / step configurations held out
     kernel_iters: int = 400           # L-BFGS iterations per degree stage (see fit_kernel)
     step_iters: int = 500
-    lr: float = 0.05
+    lr: float = 0.05                  # Adam step size of stage 2
     degree: tuple = ()                # ((kind, degree), ...) overrides of OP_KINDS defaults
     prior_terms: float = 0.01         # κ of the efficiency-surface terms (pseudo-rows)
     prior_scalars: float = 0.01       # κ of intercepts, latency, sharpness
@@ -245,16 +245,6 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
 # --------------------------------------------------------------------------------------------
 # stage 2: steps
 
-def overhead_counts(d: StepData) -> np.ndarray:
-    """(steps, overheads) matrix: how many times each overhead of ``STEP_OVERHEADS`` is paid."""
-    b = d.batch
-    n_pf, n_dc = b.prefill_mask.sum(1), b.decode_mask.sum(1)
-    tok = (b.prefill_mask * b.prefill_new).sum(1) + n_dc
-    busy = (tok > 0).astype(float)
-    L = d.model.num_layers
-    return np.stack([busy, busy * L, n_pf, n_dc, tok, busy * 2.0 * L * (d.tp - 1)], 1)
-
-
 def _overhead_init(datasets: list, params: dict, masks: list) -> np.ndarray:
     """Start: non-negative least squares of the relative residual (measured − kernels)/measured
     on the overhead counts."""
@@ -263,7 +253,8 @@ def _overhead_init(datasets: list, params: dict, masks: list) -> np.ndarray:
     for d, m in zip(datasets, masks):
         out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
         kern = np.asarray(out["total"]) - np.asarray(out["overhead"])
-        rows.append((overhead_counts(d) / d.measured_us[:, None])[m])
+        counts = overhead_counts(d.model, d.tp, step_totals(d.batch))
+        rows.append((counts / d.measured_us[:, None])[m])
         rhs.append(((d.measured_us - kern) / d.measured_us)[m])
     x, _ = nnls(np.concatenate(rows), np.concatenate(rhs))
     return np.maximum(x, 1e-3)

@@ -10,6 +10,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import correction as K
 from .components import ideal_times
@@ -54,13 +55,19 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
     both = K.smax(a, b, K.mix_sharpness(step))
     scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
     out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
-    o = K.step_overheads(step)
-    busy = (t.tokens > 0).astype(jnp.float32)
-    allreduce_calls = 2.0 * model.num_layers * (tp - 1)     # per peer GPU
-    out[OVERHEAD] = busy * (o[0] + o[1] * model.num_layers + o[5] * allreduce_calls) \
-        + o[2] * t.n_prefill + o[3] * t.n_decode + o[4] * t.tokens
+    out[OVERHEAD] = overhead_counts(model, tp, t, jnp) @ K.step_overheads(step)
     out["total"] = sum(out.values())
     return out
+
+
+def overhead_counts(model: ModelSpec, tp: int, t, xp=np):
+    """(S, overheads) matrix: how many times each overhead of ``STEP_OVERHEADS`` is paid per step:
+    once per busy step, per layer, per prefill sequence, per decode sequence, per token, and per
+    all-reduce per peer GPU (2 per layer, TP − 1 peers)."""
+    busy = (t.tokens > 0) * 1.0
+    L = model.num_layers
+    return xp.stack([busy, busy * L, t.n_prefill, t.n_decode, t.tokens,
+                     busy * 2.0 * L * (tp - 1)], axis=-1)
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "tp"))
