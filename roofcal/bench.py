@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pandas as pd
 
 from . import correction as K
 from .report import table

@@ -16,7 +16,7 @@ from . import resources
 from .errors import RoofcalError
 from .io import sha256_file
 from .ops import read_ops
-from .stepdata import SPLITWISE_COLUMNS, StepData, read_splitwise, read_step_jsonl
+from .stepdata import SPLITWISE_COLUMNS, read_splitwise, read_step_jsonl
 
 #: what ``roofcal fit --gpu G`` fits when no ``--data`` is given (relative to the source tree)
 BUNDLED = {

@@ -1,6 +1,5 @@
 """Hand-checked work of single kernels and whole layers."""
 
-import numpy as np
 import pytest
 
 from roofcal import components as C

@@ -1,10 +1,8 @@
 """Prediction: API and CLI behaviour, monotonicity and TP-scaling properties, bad input."""
 
-import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
