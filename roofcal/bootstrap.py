@@ -214,13 +214,7 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
 
 def check_reference(ref: Coefficients, ref_gpu: GPUSpec) -> None:
     """Refuse a reference file that was not fitted for ``ref_gpu`` (name and datasheet hash)."""
-    if ref.gpu != ref_gpu.name:
-        raise RoofcalError(f"{ref.source}: coefficients were fitted for GPU '{ref.gpu}', not for "
-                           f"the reference datasheet '{ref_gpu.name}'")
-    if ref.datasheet_sha256 != ref_gpu.sha256():
-        raise RoofcalError(f"{ref.source}: fitted for a different version of the "
-                           f"'{ref_gpu.name}' datasheet (hash {ref.datasheet_sha256[:12]}, "
-                           f"given {ref_gpu.sha256()[:12]}); give the datasheet it was fitted for")
+    ref.check_gpu(ref_gpu, where="the reference datasheet")
 
 
 def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,

@@ -65,10 +65,15 @@ class Coefficients:
                    notes=["neutral defaults: efficiency 1, latency 0, no overheads (roofline)"])
 
     def check_gpu(self, gpu: GPUSpec, where: str = "--gpu") -> None:
-        """Refuse to use these coefficients for a different GPU."""
+        """Refuse to use these coefficients for a different GPU or another version of its
+        datasheet (their efficiencies are relative to the datasheet's peaks)."""
         if gpu.name != self.gpu:
             raise RoofcalError(f"{self.source}: coefficients were fitted for GPU '{self.gpu}', not "
                                f"'{gpu.name}' ({where}); bootstrap them with 'roofcal gpu bootstrap'")
+        if gpu.sha256() != self.datasheet_sha256:
+            raise RoofcalError(f"{self.source}: fitted for a different version of the '{gpu.name}' "
+                               f"datasheet (hash {self.datasheet_sha256[:12]}, now "
+                               f"{gpu.sha256()[:12]}); refit or bootstrap")
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,12 +259,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
                      data=doc.get("data", []), fit=doc.get("fit", {}),
                      metrics=doc.get("metrics", {}), source=src)
     if gpu is not None:
-        spec = load_gpu(gpu)
-        c.check_gpu(spec)
-        if spec.sha256() != c.datasheet_sha256:
-            raise RoofcalError(f"{src}: fitted for a different version of the '{spec.name}' "
-                               f"datasheet (hash {c.datasheet_sha256[:12]}, now "
-                               f"{spec.sha256()[:12]}); refit or bootstrap")
+        c.check_gpu(load_gpu(gpu))
     return c
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import resources
@@ -75,6 +75,15 @@ class ModelSpec:
     v_head_dim: int = 0               # value head size when it differs (MLA); 0 → head_dim
     kv_lora_rank: int = 0             # MLA latent KV width (elements per token per layer)
     qk_rope_head_dim: int = 0         # MLA decoupled rope key width
+    config_path: str = field(default="", compare=False)   # where it was read from
+
+    @property
+    def ref(self) -> str:
+        """How to load this model again: its bundled name, else its config file's path."""
+        bundled = resources.MODEL_CONFIGS / self.name / "config.json"
+        if not self.config_path or Path(self.config_path) == bundled.resolve():
+            return self.name
+        return self.config_path
 
     @property
     def is_moe(self) -> bool:
@@ -332,7 +341,8 @@ def load_model(model: str | Path) -> ModelSpec:
     path = resolve_config_path(model)
     raw = read_json_object(path, "model config file")
     name = path.parent.name if path.name == "config.json" else path.stem
-    return parse_config(raw, resources.display(path), name=name)
+    spec = parse_config(raw, resources.display(path), name=name)
+    return replace(spec, config_path=str(path.resolve()))
 
 
 def check_tp(model: ModelSpec, tp: int, where: str = "--tp") -> None:

@@ -29,7 +29,7 @@ from . import correction as K
 from .coeffs import Coefficients, roundtrip
 from .hardware import GPUSpec
 from .loss import error_summary, log_ratio_sq, prior_penalty
-from .model import overhead_counts, step_breakdown
+from .model import NON_COMPONENT, overhead_counts, step_breakdown
 from .ops import groups, predict_table, row_times
 from .optim import lbfgs, minimize
 from .steps import step_totals
@@ -333,7 +333,7 @@ def step_predictions(datasets: list, params: dict) -> pd.DataFrame:
         df = d.describe()
         df["predicted_us"] = np.asarray(out["total"], np.float64)
         for k, v in out.items():
-            if k not in ("total", "flops", "bytes"):
+            if k not in NON_COMPONENT:
                 df[f"{k}_us"] = np.asarray(v, np.float64)
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -399,7 +399,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         c.fit["prior"] = prior.source
     if steps:
         c.fit["deployments"] = [{"model": m, "tp": t} for m, t in
-                                sorted({(d.model.name, d.tp) for d in steps})]
+                                sorted({(d.model.ref, d.tp) for d in steps})]
     c = roundtrip(c)                        # metrics of exactly what the file will hold
     metrics = kernel_metrics(table, c.params, gpu, test) if len(table) else {"train": {}, "heldout": {}}
     step_table = None

@@ -21,6 +21,8 @@ from .steps import StepBatch, step_totals
 
 #: breakdown column for the step-level overheads
 OVERHEAD = "overhead"
+#: outputs of :func:`step_breakdown` that are not components of the predicted time
+NON_COMPONENT = ("total", "flops", "bytes", "ideal_compute", "ideal_memory")
 
 
 def op_peak_and_bandwidth(gpu: GPUSpec, kind: str, variant: str) -> tuple[float, float]:
@@ -30,14 +32,19 @@ def op_peak_and_bandwidth(gpu: GPUSpec, kind: str, variant: str) -> tuple[float,
     return gpu.peak_flops_per_us(dtype), bw
 
 
-def kernel_times(params: dict, gpu: GPUSpec, calls: dict) -> dict:
+def ideal_step_times(gpu: GPUSpec, calls: dict) -> dict:
+    """{name: (ideal compute µs, ideal memory µs)} of each kernel call, at its own peak and
+    bandwidth (GEMM/MoE peaks by weight dtype, all-reduce bytes over the GPU link)."""
+    return {name: ideal_times(call.work, *op_peak_and_bandwidth(gpu, call.kind, call.variant))
+            for name, call in calls.items()}
+
+
+def kernel_times(params: dict, calls: dict, ideal: dict) -> dict:
     """µs per step of each kernel call (count × corrected time of one call)."""
     out = {}
     for name, call in calls.items():
         _, p = K.lookup(params["ops"], call.kind, call.variant)
-        peak, bw = op_peak_and_bandwidth(gpu, call.kind, call.variant)
-        tc, tm = ideal_times(call.work, peak, bw)
-        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, tc, tm)
+        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, *ideal[name])
     return out
 
 
@@ -76,11 +83,15 @@ def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch:
 
     Returns a dict of arrays of shape (S,): one entry per kernel of
     :func:`roofcal.decompose.step_ops` (µs), ``overhead`` (µs), ``total`` (µs, the prediction),
-    ``flops`` and ``bytes`` (whole step on one GPU).
+    ``flops`` and ``bytes`` (whole step on one GPU), and ``ideal_compute`` / ``ideal_memory``
+    (µs: the roofline times of every kernel summed, each at its own peak and bandwidth).
     """
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
-    out = combine(params["step"], model, tp, t, kernel_times(params, gpu, calls))
+    ideal = ideal_step_times(gpu, calls)
+    out = combine(params["step"], model, tp, t, kernel_times(params, calls, ideal))
+    out["ideal_compute"] = sum(c.count * ideal[n][0] for n, c in calls.items())
+    out["ideal_memory"] = sum(c.count * ideal[n][1] for n, c in calls.items())
     out["flops"] = sum(c.count * c.work.flops for c in calls.values())
     out["bytes"] = sum(c.count * c.work.bytes for c in calls.values())
     return out

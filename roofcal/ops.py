@@ -252,13 +252,25 @@ def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float):
     return tc, tm, K.standardize(op, w.shape)
 
 
+def padded_size(n: int, minimum: int = 256) -> int:
+    """Row count rounded up to one of a few sizes (≤ 12.5 % padding, ≥ ``minimum``), so compiled
+    programs are reused across tables of similar size."""
+    step = max(minimum, 1 << max(0, int(n).bit_length() - 3))
+    return -(-max(n, 1) // step) * step
+
+
 def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarray):
-    """Ideal times and standardized shapes of rows ``idx`` of an interchange table."""
+    """(ideal compute µs, ideal memory µs, standardized shapes z) of rows ``idx`` of an
+    interchange table, as float32 arrays of ``len(idx)`` rows (computed padded, see
+    :func:`padded_size`)."""
     from .model import op_peak_and_bandwidth
     peak, bw = op_peak_and_bandwidth(gpu, op, dtype)
-    cols = {c: np.asarray(df[c].values[idx], np.float32)
+    n = len(idx)
+    pad = padded_size(n) - n
+    cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
             for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
-    return _row_times(op, dtype, cols, float(peak), float(bw))
+    tc, tm, z = _row_times(op, dtype, cols, float(peak), float(bw))
+    return tc[:n], tm[:n], z[:n]
 
 
 def groups(df: pd.DataFrame):

@@ -12,10 +12,9 @@ from . import coeffs as coeff_io
 from .config import check_tp, load_model
 from .errors import RoofcalError
 from .hardware import load_gpu
-from .model import step_breakdown
+from .model import NON_COMPONENT, step_breakdown
 from .steps import Step, batch_steps, group_by_deployment, read_steps
 
-NON_COMPONENT = ("total", "flops", "bytes")
 
 
 def resolve_coeffs(coeffs, gpu):

@@ -25,9 +25,7 @@ the error; :mod:`roofcal.blis.residuals` builds step rows from BLIS-form coeffic
 from __future__ import annotations
 
 import math
-from functools import partial
 
-import jax
 import numpy as np
 import pandas as pd
 
@@ -35,6 +33,7 @@ from . import correction as K
 from .errors import RoofcalError
 from .hardware import GPUSpec, load_gpu
 from .loss import error_summary
+from .ops import padded_size, row_times
 
 KERNEL, STEP = "kernel", "step"
 #: components of a kernel row, in order
@@ -137,35 +136,12 @@ def kernel_regimes(op: str, df: pd.DataFrame, idx: np.ndarray) -> dict:
             "tp": tp}
 
 
-def padded_size(n: int, minimum: int = 256) -> int:
-    """Row count rounded up to one of a few sizes (≤ 12.5% padding, ≥ ``minimum``), so compiled
-    programs are reused across inputs of similar size."""
-    step = max(minimum, 1 << max(0, int(n).bit_length() - 3))
-    return -(-max(n, 1) // step) * step
-
-
-@partial(jax.jit, static_argnames=("op", "dtype", "peak", "bw"))
-def _kernel_parts(op: str, dtype: str, cols: dict, p: dict, peak: float, bw: float):
-    """(ideal compute µs, ideal memory µs, compute efficiency, memory efficiency) of rows."""
-    from .components import ideal_times
-    from .ops import row_work
-    w = row_work(op, dtype, cols)
-    tc, tm = ideal_times(w, peak, bw)
-    ec, em = K.efficiencies_z(p, K.standardize(op, w.shape))
-    return tc, tm, ec, em
-
-
 def kernel_parts(gpu: GPUSpec, op: str, dtype: str, table: pd.DataFrame, idx: np.ndarray, p: dict):
-    """:func:`_kernel_parts` of rows ``idx`` (float64 numpy), one compiled program per kind."""
-    from .model import op_peak_and_bandwidth
-    from .ops import OPTIONAL_COLUMNS, SHAPE_COLUMNS
-    peak, bw = op_peak_and_bandwidth(gpu, op, dtype)
-    n = len(idx)
-    pad = padded_size(n) - n
-    cols = {c: np.pad(np.asarray(table[c].values[idx], np.float32), (0, pad), constant_values=1.0)
-            for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in table.columns}
-    out = _kernel_parts(op, dtype, cols, p, float(peak), float(bw))
-    return [np.asarray(x, np.float64)[:n] for x in out]
+    """(ideal compute µs, ideal memory µs, compute efficiency, memory efficiency) of rows ``idx``,
+    float64 numpy."""
+    tc, tm, z = row_times(gpu, op, dtype, table, idx)
+    ec, em = K.efficiencies_z(p, z)
+    return [np.asarray(x, np.float64) for x in (tc, tm, ec, em)]
 
 
 def kernel_residuals(table: pd.DataFrame, params: dict, gpu: GPUSpec) -> pd.DataFrame:
@@ -252,15 +228,15 @@ def pad_batch(b):
 
 def step_residuals(steps: list, params: dict) -> pd.DataFrame:
     """One row per measured step: the components of :func:`roofcal.model.step_breakdown`."""
-    from .model import step_breakdown
+    from .model import NON_COMPONENT, step_breakdown
     frames = []
     for d in steps:
         gpu = load_gpu(d.gpu)
         out = step_breakdown(params, d.model, gpu, d.tp, pad_batch(d.batch))
         out = {k: np.asarray(v)[: len(d)] for k, v in out.items()}
-        comps = {k: v for k, v in out.items() if k not in ("total", "flops", "bytes")}
-        tc = np.asarray(out["flops"], np.float64) / gpu.peak_flops_per_us(d.model.weight_dtype)
-        tm = np.asarray(out["bytes"], np.float64) / gpu.hbm_bytes_per_us
+        comps = {k: v for k, v in out.items() if k not in NON_COMPONENT}
+        tc = np.asarray(out["ideal_compute"], np.float64)
+        tm = np.asarray(out["ideal_memory"], np.float64)
         df = _step_frame(d, comps, np.maximum(tc, tm), np.where(tc >= tm, "compute", "memory"))
         df["flops"], df["bytes"] = np.asarray(out["flops"], np.float64), np.asarray(out["bytes"], np.float64)
         frames.append(df)

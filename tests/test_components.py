@@ -97,3 +97,19 @@ def test_allreduce_volume_and_single_gpu():
 def test_elementwise_docstring_example():
     w = C.elementwise(1.0, 4096, 11008, 4096, 4096)
     assert float(w.bytes) == (10 * 4096 + 3 * 11008 + 2 * (4096 + 4096)) * 2 == 180_736
+
+
+def test_step_ideal_times_use_each_kernels_own_peak_and_bandwidth():
+    from roofcal.correction import neutral_params
+    from roofcal.hardware import load_gpu
+    from roofcal.model import step_breakdown
+    g = load_gpu("h100_sxm")
+    m = load_model("llama-2-70b-hf")
+    b = batch_steps([Step(decode=(1000,) * 8)])
+    out = step_breakdown(neutral_params(), m, g, 4, b)
+    ops = step_ops(m, 4, step_totals(b))
+    ar = ops["allreduce"].count * float(ops["allreduce"].work.bytes[0])
+    # all-reduce bytes cross NVLink (450 GB/s), everything else HBM (3.35 TB/s)
+    want = (float(out["bytes"][0]) - ar) / 3.35e6 + ar / 450e3
+    assert float(out["ideal_memory"][0]) == pytest.approx(want, rel=1e-5)
+    assert float(out["ideal_compute"][0]) == pytest.approx(float(out["flops"][0]) / 989.4e6, rel=1e-3)

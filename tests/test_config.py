@@ -126,3 +126,13 @@ def test_tp_rules():
     check_tp(load_model("llama-2-70b-hf"), 8)  # 8 KV heads split one per GPU
     with pytest.raises(RoofcalError, match="positive"):
         check_tp(m, 0)
+
+
+def test_a_model_remembers_its_config_for_reloading(tmp_path):
+    assert load_model("llama-2-7b-hf").ref == "llama-2-7b-hf"
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(open("model_configs/llama-2-7b-hf/config.json").read())
+    m = load_model(folder)
+    assert m.ref == str((folder / "config.json").resolve())
+    assert load_model(m.ref) == m and m.name == "my-llama"

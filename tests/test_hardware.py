@@ -76,3 +76,12 @@ def test_datasheet_from_path(tmp_path):
     assert load_gpu(str(p)).name == "my_gpu"
     with pytest.raises(RoofcalError, match="unknown GPU 'h900'"):
         load_gpu("h900")
+
+
+def test_modified_datasheets_are_validated_too():
+    g = load_gpu("h100_sxm")
+    assert g.replace(hbm_bandwidth_tbs=4.8).hbm_bytes_per_us == pytest.approx(4.8e6)
+    for bad in (dict(fp8_tflops=-5.0), dict(fp8_tflops=float("nan")), dict(hbm_bandwidth_tbs=0.0),
+                dict(fp8_tflops=4000.0)):
+        with pytest.raises(RoofcalError):
+            g.replace(**bad)

@@ -584,8 +584,7 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = BUNDLED
     c = coeff_io.load(coeffs_path) if coeffs_path is not None else None
     if c is not None:
         spec = load_gpu(c.gpu)
-        if spec.sha256() != c.datasheet_sha256:
-            raise RoofcalError(f"{c.source}: fitted for a different version of the '{spec.name}' datasheet; refit it")
+        c.check_gpu(spec)
     loaded = datasets.load([Path(p) for p in steps_paths], gpu=steps_gpu or (c.gpu if c else None)) \
         if steps_paths else None
     measured = loaded.steps if loaded is not None else []

@@ -118,6 +118,9 @@ def _check_numbers(spec: GPUSpec, path) -> None:
     bf16 = spec.bf16_tflops
     for key, limit in (("fp16_tflops", 1.05), ("fp8_tflops", 2.05), ("int8_tops", 2.05)):
         v = getattr(spec, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise RoofcalError(f"{path}: field '{key}' must be a finite number ≥ 0 (0 = no such "
+                               f"tensor cores), got {v!r}")
         if v and v > limit * bf16:
             raise RoofcalError(
                 f"{path}: field 'dense_tflops.{key.split('_')[0]}'={v:g} is {v / bf16:.1f}x the BF16 "
