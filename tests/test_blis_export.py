@@ -48,6 +48,7 @@ from roofcal.cli import main
 from roofcal.config import load_model
 from roofcal.errors import RoofcalError
 from roofcal.hardware import load_gpu
+from roofcal.io import sha256_file
 from roofcal.steps import Step, batch_steps, step_totals, uniform_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,7 +299,7 @@ def test_yaml_float_round_trips_in_yaml_1_1():
 
 def _form(**changes) -> BlisForm:
     base = dict(alpha=ALPHA, beta=BETA11, hardware="H100",
-                hardware_calib={"TFlopsPeak": 989.5, "TFlopsFP8": 1979.0, "BwPeakTBs": 3.35},
+                hardware_calib=H100,
                 deployments=(Deployment("llama-2-70b-hf", 4),), alpha_source="kept", provenance={"method": "test"},
                 metrics={"heldout": {"distill": {"all": {"n": 5, "blis_mape": 3.0}}}})
     base.update(changes)
@@ -525,3 +526,126 @@ def test_deployment_arguments():
     for model, tp in ((["a"], None), (None, [1]), (["a:4"], [2])):
         with pytest.raises(RoofcalError, match="--tp|--model"):
             _deployments(Namespace(model=model, tp=tp))
+
+
+# ------------------------------------------------------------------------------------------
+# review fixes: non-bundled model configs, scored-only step files, seeds, defaults
+
+
+def _own_model(tmp_path) -> Path:
+    """A copy of a bundled config in a folder whose name roofcal does not bundle."""
+    cfg = tmp_path / "my-llama" / "config.json"
+    cfg.parent.mkdir()
+    shutil.copyfile(ROOT / "model_configs" / "llama-2-7b-hf" / "config.json", cfg)
+    return cfg
+
+
+def _step_file(path: Path, **fields) -> Path:
+    """40 measured prefill and decode steps (``fields``: model / gpu / tp of every row)."""
+    steps = []
+    for i in range(40):
+        ctx = 256 * (i + 1)
+        if i % 2:
+            steps.append(Step(decode=(ctx,) * (1 + i % 7), duration_us=9000.0 + 30.0 * i, **fields))
+        else:
+            steps.append(Step(prefill=((ctx, 0),), duration_us=12000.0 + 40.0 * i, **fields))
+    path.write_text("".join(json.dumps(s.to_json()) + "\n" for s in steps))
+    return path
+
+
+def _coeffs_copy(tmp_path, deployments, data=()) -> Path:
+    """coeffs/h100_sxm.yaml recording other step deployments and measurement files."""
+    doc = yaml.safe_load(H100_COEFFS.read_text())
+    doc["fit"]["deployments"] = [{"model": m, "tp": t} for m, t in deployments]
+    doc["data"] = [{"path": str(p), "sha256": sha256_file(p), "kind": "steps", "rows": 40} for p in data]
+    path = tmp_path / "coeffs.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_non_bundled_model_config_fits_exports_and_inspects(tmp_path, capsys):
+    cfg = _own_model(tmp_path)
+    steps = _step_file(tmp_path / "steps.jsonl", model=str(cfg), gpu="h100_sxm", tp=1)
+    form = tmp_path / "form.yaml"
+    code, _, err = run(capsys, "blis", "fit", "--coeffs", H100_COEFFS, "--model", "llama-2-7b-hf", "--tp", "1",
+                       "--samples", "60", "--iters", "30", "--steps", steps, "--out", form)
+    assert code == 0, err
+    f = load_form(form)
+    assert f.provenance["method"] == "distillation + measured"
+    # what the betas were fitted for: distilled and measured deployments, the latter by config path
+    assert f.deployments == (Deployment("llama-2-7b-hf", 1), Deployment(str(cfg.resolve()), 1))
+    assert f.metrics["heldout"]["measured"]["my-llama tp1"]["n"] > 0
+    # the form's deployments resolve again on export
+    out = tmp_path / "defaults.yaml"
+    code, _, err = run(capsys, "export", "blis", "--coeffs", form, "--defaults", DEFAULTS, "--out", out)
+    assert code == 0, err
+    assert read_defaults_coefficients(out)[1] == f.beta
+    # and residuals --blis reads each step's own model config
+    code, _, err = run(capsys, "residuals", "--blis", form, "--data", steps, "--no-plots", "--out", tmp_path / "res")
+    assert code == 0, err
+    res = (tmp_path / "res" / "residuals.csv").read_text()
+    assert res.count("my-llama") == 40
+
+
+def test_resolve_deployment_takes_a_loaded_spec(tmp_path):
+    cfg = _own_model(tmp_path)
+    spec = load_model(cfg)
+    assert spec.ref == str(cfg.resolve())
+    a = resolve_deployment(Deployment(spec.ref, 2), H100, spec=spec)
+    b = resolve_deployment(Deployment(str(cfg), 2), H100)
+    assert a.spec == b.spec and a.constants == b.constants and a.max_context == b.max_context == 4096
+    with pytest.raises(RoofcalError, match=r"^here: TP 3 does not divide"):
+        resolve_deployment(Deployment(spec.ref, 3), H100, where="here", spec=spec)
+
+
+def test_export_distils_recorded_config_paths_and_scores_steps_without_a_model(tmp_path):
+    from roofcal.blis.fit import BlisFitSettings
+
+    cfg = _own_model(tmp_path)
+    steps = _step_file(tmp_path / "steps.jsonl")  # rows name no model, GPU or TP
+    coeffs = _coeffs_copy(tmp_path, [(str(cfg.resolve()), 1)], [steps])
+    result = export_blis(coeffs, DEFAULTS, tmp_path / "out.yaml", settings=BlisFitSettings(samples=60, iters=30))
+    form = result.form
+    assert form.deployments == (Deployment(str(cfg.resolve()), 1),)
+    assert form.provenance["method"] == "distillation"
+    # the step file gets the coefficient file's only deployment, as at fit time, and is scored
+    assert form.provenance["scored_only"] == [f"{steps}: scored (held-out configurations as in the coefficient fit)"]
+    assert form.metrics["heldout"]["measured"]["all"]["n"] > 0
+    assert f"for {cfg.resolve()} TP1 on H100" in result.comment
+
+
+def test_scored_only_step_files_that_cannot_be_read_are_skipped_with_a_note(tmp_path):
+    from roofcal import coeffs as coeff_io
+    from roofcal.blis.export import _coeff_step_data
+
+    steps = _step_file(tmp_path / "steps.jsonl")
+    c = coeff_io.load(_coeffs_copy(tmp_path, [("llama-2-7b-hf", 1), ("llama-2-7b-hf", 2)], [steps]))
+    data, notes = _coeff_step_data(c)
+    assert data == [] and len(notes) == 1
+    assert notes[0].startswith(f"{steps}: not scored (") and "has no model" in notes[0]
+
+
+def test_deployment_seed_streams():
+    import zlib
+
+    draw = lambda rng: rng.random(4).tolist()
+    assert draw(deployment_seed(3, "m", 2)) == draw(deployment_seed(3, "m", 2, stream=0))
+    assert draw(deployment_seed(3, "m", 2, stream=1)) == draw(np.random.default_rng([3, zlib.crc32(b"m"), 2, 1]))
+    assert draw(deployment_seed(3, "m", 2, stream=1)) != draw(deployment_seed(3, "m", 2))
+
+
+def test_hardware_entry_without_positive_peaks_is_refused(tmp_path):
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"H100": {"TFlopsPeak": 0, "BwPeakTBs": 3.35}}))
+    with pytest.raises(RoofcalError, match=r"entry 'H100': field 'TFlopsPeak' must be a positive number, got 0.0"):
+        hardware_for_gpu(hw, load_gpu("h100_sxm"))
+
+
+def test_fit_options_default_to_the_settings():
+    from roofcal.blis.fit import BlisFitSettings
+    from roofcal.cli import build_parser
+
+    d = BlisFitSettings()
+    for argv in (["blis", "fit", "--out", "x"], ["export", "blis", "--coeffs", "c", "--defaults", "d"]):
+        a = build_parser().parse_args(argv)
+        assert (a.samples, a.seed, a.holdout, a.iters) == (d.samples, d.seed, d.holdout, d.iters)

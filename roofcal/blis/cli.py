@@ -12,7 +12,6 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from roofcal.errors import RoofcalError
@@ -104,8 +103,6 @@ def cmd_fit(a) -> None:
     from roofcal.blis.export import fit_form, save_form
 
     t0 = time.time()
-    if not a.coeffs and not a.steps:
-        raise RoofcalError("blis fit: give --coeffs FILE (distillation) and/or --steps FILE (measurements)")
     form = fit_form(a.coeffs, a.defaults, a.hardware_config, a.hardware, _deployments(a), a.steps or (),
                     _settings(a), steps_gpu=a.gpu)
     save_form(form, a.out)
@@ -144,20 +141,11 @@ def cmd_export_hardware(a) -> None:
         print(f"wrote entry '{result.name}' to {result.out}" + (f" (backup {result.backup})" if result.backup else ""))
 
 
-def _subparsers(sub, name: str, help_: str):
-    """The subparsers of command ``name``, creating the command if no other module has."""
-    if name in sub.choices:
-        parser = sub.choices[name]
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                return action
-        raise RoofcalError(f"command '{name}' is registered twice")
-    parser = sub.add_parser(name, help=help_)
-    return parser.add_subparsers(dest=f"{name}_command", required=True)
-
-
 def _fit_options(s) -> None:
     from roofcal.blis.export import BUNDLED_HARDWARE
+    from roofcal.blis.fit import BlisFitSettings
+
+    d = BlisFitSettings()
 
     s.add_argument("--model", action="append", help="model to distil for, at every --tp, or NAME:TP[,TP...] "
                    "(repeatable; default: the coefficient file's fit.deployments)")
@@ -165,10 +153,11 @@ def _fit_options(s) -> None:
     s.add_argument("--hardware-config", default=str(BUNDLED_HARDWARE),
                    help="BLIS hardware_config.json (default: the bundled one)")
     s.add_argument("--hardware", help="its entry to fit for (default: the entry aliasing the coefficients' GPU)")
-    s.add_argument("--samples", type=int, default=3000, help="distillation steps per deployment (default 3000)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the sample and held-out split (default 0)")
-    s.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
-    s.add_argument("--iters", type=int, default=300, help="L-BFGS iterations (default 300)")
+    s.add_argument("--samples", type=int, default=d.samples,
+                   help=f"distillation steps per deployment (default {d.samples})")
+    s.add_argument("--seed", type=int, default=d.seed, help=f"seed of the sample and held-out split (default {d.seed})")
+    s.add_argument("--holdout", type=float, default=d.holdout, help=f"held-out fraction (default {d.holdout})")
+    s.add_argument("--iters", type=int, default=d.iters, help=f"L-BFGS iterations (default {d.iters})")
 
 
 def register(sub) -> None:
@@ -176,7 +165,8 @@ def register(sub) -> None:
     from roofcal.blis.export import BUNDLED_DEFAULTS
     from roofcal.resources import BLIS
 
-    blis = _subparsers(sub, "blis", "BLIS trained-physics: check the basis against goldens, fit BLIS-form betas")
+    blis = sub.add_parser("blis", help="BLIS trained-physics: check the basis against goldens, fit BLIS-form betas") \
+        .add_subparsers(dest="blis_command", required=True)
     s = blis.add_parser("check", help="recompute a BLIS goldens file; exit 0 only if every case matches")
     s.add_argument("--goldens", default=str(BLIS / "trained_physics_goldens.json"),
                    help="goldens JSON (default: the bundled BLIS goldens)")
@@ -192,7 +182,8 @@ def register(sub) -> None:
     s.add_argument("--out", required=True, help="BLIS-form file to write")
     s.set_defaults(func=cmd_fit)
 
-    export = _subparsers(sub, "export", "export coefficients for other simulators")
+    export = sub.add_parser("export", help="export coefficients for other simulators") \
+        .add_subparsers(dest="export_command", required=True)
     s = export.add_parser("blis", help="write BLIS-form betas into a BLIS defaults.yaml")
     s.add_argument("--coeffs", required=True, help="roofcal coefficient file (fitted here by distillation) "
                    "or BLIS-form file (from 'roofcal blis fit')")

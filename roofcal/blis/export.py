@@ -5,7 +5,8 @@
     schema: roofcal-blis/1
     roofcal_version: 0.1.0
     hardware: {name: H100, TFlopsPeak: 989.5, TFlopsFP8: 1979.0, BwPeakTBs: 3.35}
-    deployments: [{model: llama-2-70b-hf, tp: 4}, ...]     # what the betas were fitted for
+    deployments: [{model: llama-2-70b-hf, tp: 4}, ...]     # what the betas were fitted for (distilled
+                                                            # and measured; model: name or config path)
     alpha: [α0, α1, α2]                                     # µs (BLIS alpha_coeffs)
     alpha_source: kept from data/blis/defaults.yaml (no request-level data)
     beta: [β1a, β2a, β3, β4, β5, β6, β7, β8, β1b, β2b, β_EP]   # BLIS beta_coeffs order (7–11 values)
@@ -57,7 +58,7 @@ from roofcal.blis.fit import (
     score_rows,
 )
 from roofcal.errors import RoofcalError
-from roofcal.io import sha256_file, write_bytes_atomic, write_text_atomic
+from roofcal.io import read_json_object, sha256_file, write_bytes_atomic, write_text_atomic
 
 BLIS_FORM_SCHEMA = "roofcal-blis/1"
 COEFFS_SCHEMA = "roofcal-coeffs/1"
@@ -163,6 +164,8 @@ class _Span:
 
 
 def _read_text(path: Path, what: str) -> str:
+    """The text of ``path`` with every byte kept (``\\r\\n`` too), for line surgery and strict YAML;
+    errors worded as :func:`roofcal.io.read_json_object`'s."""
     try:
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -273,7 +276,7 @@ class BlisForm:
     alpha: tuple[float, ...]
     beta: tuple[float, ...]
     hardware: str
-    hardware_calib: dict
+    hardware_calib: BlisHardware  # the entry's peaks (TFlopsPeak, TFlopsFP8, BwPeakTBs); validated
     deployments: tuple[Deployment, ...]
     alpha_source: str
     provenance: dict = field(default_factory=dict)
@@ -291,7 +294,9 @@ def form_to_yaml(form: BlisForm) -> str:
     doc = {
         "schema": BLIS_FORM_SCHEMA,
         "roofcal_version": __version__,
-        "hardware": {"name": form.hardware, **{k: float(form.hardware_calib[k]) for k in _CALIB_KEYS}},
+        "hardware": {"name": form.hardware, "TFlopsPeak": float(form.hardware_calib.tflops_peak),
+                     "TFlopsFP8": float(form.hardware_calib.tflops_fp8),
+                     "BwPeakTBs": float(form.hardware_calib.bw_peak_tbs)},
         "deployments": [{"model": d.model, "tp": int(d.tp)} for d in form.deployments],
         "alpha": [float(a) for a in form.alpha],
         "alpha_source": form.alpha_source,
@@ -329,11 +334,8 @@ def form_from_dict(doc: Any, source: str) -> BlisForm:
     hw = doc["hardware"]
     if not isinstance(hw, dict) or not isinstance(hw.get("name"), str) or not hw["name"]:
         raise RoofcalError(f"{source}: field 'hardware' must give the BLIS hardware entry 'name'")
-    calib = BlisHardware.from_dict({k: hw.get(k) for k in _CALIB_KEYS}, f"{source}: hardware")
-    for key in ("TFlopsPeak", "BwPeakTBs"):
-        v = hw.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-            raise RoofcalError(f"{source}: field 'hardware.{key}' must be a positive number, got {v!r}")
+    calib = _require_peaks(BlisHardware.from_dict({k: hw.get(k) for k in _CALIB_KEYS}, f"{source}: hardware"),
+                           source, "hardware.")
     alpha = _numbers(doc["alpha"], f"{source}: field 'alpha'")
     beta = _numbers(doc["beta"], f"{source}: field 'beta'")
     validate_export_coeffs(alpha, beta, source)
@@ -343,9 +345,8 @@ def form_from_dict(doc: Any, source: str) -> BlisForm:
     if "beta_names" in doc and list(doc["beta_names"]) != list(BETA_NAMES[: len(beta)]):
         raise RoofcalError(f"{source}: field 'beta_names' must be {', '.join(BETA_NAMES[: len(beta)])} (BLIS order)")
     deps = deployments_from_records(doc["deployments"], f"{source}: field 'deployments'")
-    return BlisForm(tuple(alpha), tuple(beta), hw["name"],
-                    {"TFlopsPeak": calib.tflops_peak, "TFlopsFP8": calib.tflops_fp8, "BwPeakTBs": calib.bw_peak_tbs},
-                    tuple(deps), doc.get("alpha_source", ""), doc.get("provenance", {}), doc.get("metrics", {}), source)
+    return BlisForm(tuple(alpha), tuple(beta), hw["name"], calib, tuple(deps), doc.get("alpha_source", ""),
+                    doc.get("provenance", {}), doc.get("metrics", {}), source)
 
 
 def load_form(path: str | Path) -> BlisForm:
@@ -354,16 +355,24 @@ def load_form(path: str | Path) -> BlisForm:
     return form_from_dict(strict_yaml_load(_read_text(path, "BLIS-form file"), str(path)), str(path))
 
 
-def file_schema(path: str | Path) -> str:
-    """The ``schema`` field of a roofcal YAML file (coefficients or BLIS-form)."""
-    from roofcal.io import read_yaml
+def _require_peaks(hw: BlisHardware, source: str, prefix: str = "") -> BlisHardware:
+    """``hw`` if its TFlopsPeak and BwPeakTBs are positive and finite (BLIS refuses it otherwise)."""
+    for key, v in (("TFlopsPeak", hw.tflops_peak), ("BwPeakTBs", hw.bw_peak_tbs)):
+        if not (math.isfinite(v) and v > 0):
+            raise RoofcalError(f"{source}: field '{prefix}{key}' must be a positive number, got {v!r}")
+    return hw
 
-    doc = read_yaml(path, "coefficient file")
+
+def read_coefficient_doc(path: str | Path) -> tuple[str, Any]:
+    """(schema, parsed document) of a roofcal YAML file (coefficients or BLIS-form), read and parsed
+    once (strictly: duplicate keys refused)."""
+    path = Path(path)
+    doc = strict_yaml_load(_read_text(path, "coefficient file"), str(path))
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema not in (COEFFS_SCHEMA, BLIS_FORM_SCHEMA):
         raise RoofcalError(f"{path}: field 'schema' is {schema!r}; expected {COEFFS_SCHEMA!r} (roofcal fit) "
                            f"or {BLIS_FORM_SCHEMA!r} (roofcal blis fit)")
-    return schema
+    return schema, doc
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,8 +393,8 @@ class _Entry:
     value_end: int
 
 
-def _json_entries(text: str, source: str) -> list[_Entry]:
-    """Top-level entries of a JSON object with their character spans."""
+def _json_entries(text: str, source: str) -> tuple[dict, list[_Entry]]:
+    """(parsed object, its top-level entries with their character spans), parsing ``text`` once."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
@@ -398,7 +407,7 @@ def _json_entries(text: str, source: str) -> list[_Entry]:
     while True:
         i = _skip_ws(text, i)
         if text[i] == "}":
-            return out
+            return doc, out
         if text[i] == ",":
             i = _skip_ws(text, i + 1)
         key, j = json.decoder.scanstring(text, i + 1)
@@ -410,10 +419,7 @@ def _json_entries(text: str, source: str) -> list[_Entry]:
 
 def read_hardware_config(path: str | Path) -> dict[str, BlisHardware]:
     """{GPU name: BlisHardware} of a BLIS hardware_config.json, in file order."""
-    path = Path(path)
-    text = _read_text(path, "hardware config")
-    _json_entries(text, str(path))
-    doc = json.loads(text)
+    doc = read_json_object(path, "hardware config")
     return {name: BlisHardware.from_dict(entry, f"{path}: entry '{name}'") for name, entry in doc.items()}
 
 
@@ -453,11 +459,7 @@ def hardware_for_gpu(path: str | Path, spec, name: str | None = None) -> tuple[s
             other = spec.name  # a custom entry name: the user vouches for it
         if other != spec.name:
             raise RoofcalError(f"{path}: entry '{name}' is GPU '{other}', but the coefficients are for '{spec.name}'")
-    hw = entries[chosen]
-    for label, v in (("TFlopsPeak", hw.tflops_peak), ("BwPeakTBs", hw.bw_peak_tbs)):
-        if not (math.isfinite(v) and v > 0):
-            raise RoofcalError(f"{path}: entry '{chosen}' field '{label}' must be > 0, got {v}")
-    return chosen, hw
+    return chosen, _require_peaks(entries[chosen], f"{path}: entry '{chosen}'")
 
 
 def gemm_mfu(coeffs, gpu, tokens: int) -> float:
@@ -514,7 +516,11 @@ def merge_hardware_entry(text: str | None, name: str, entry: Mapping[str, Any], 
     ``entry``: replaced where it is, or appended; all other bytes unchanged."""
     if text is None or not text.strip():
         return "{\n\t" + json.dumps(name) + ": " + _format_entry(entry, "\t", "\t") + "\n}\n"
-    entries = _json_entries(text, source)
+    return _merge_entry(text, _json_entries(text, source)[1], name, entry, source)
+
+
+def _merge_entry(text: str, entries: Sequence[_Entry], name: str, entry: Mapping[str, Any], source: str) -> str:
+    """:func:`merge_hardware_entry` on a non-empty ``text`` whose ``entries`` are parsed."""
     same = [e for e in entries if e.name == name]
     if len(same) > 1:
         raise RoofcalError(f"{source}: entry '{name}' appears {len(same)} times")
@@ -546,9 +552,15 @@ def _file_record(path: Path) -> dict:
 
 def _coeff_step_data(c) -> tuple[list, list]:
     """Measured step files a coefficient file was fitted on, if still present and unchanged:
-    (StepData list, provenance notes)."""
+    (StepData list, provenance notes).
+
+    Step JSONL rows without their own model / TP get the coefficient file's deployment when it
+    records exactly one (``fit.deployments``); a file that still cannot be read is skipped with a
+    note (it is only scored)."""
     from roofcal import datasets
 
+    recorded = c.fit.get("deployments")
+    only = recorded[0] if isinstance(recorded, list) and len(recorded) == 1 and isinstance(recorded[0], dict) else {}
     steps, notes = [], []
     for rec in c.data:
         if not isinstance(rec, dict) or not str(rec.get("kind", "")).startswith("steps"):
@@ -558,7 +570,11 @@ def _coeff_step_data(c) -> tuple[list, list]:
         if not path.is_file() or sha256_file(path) != rec.get("sha256"):
             notes.append(f"{rec.get('path')}: missing or changed since the fit; not scored")
             continue
-        steps.extend(datasets.load([path], gpu=c.gpu).steps)
+        try:
+            steps.extend(datasets.load([path], gpu=c.gpu, model=only.get("model"), tp=only.get("tp")).steps)
+        except RoofcalError as err:
+            notes.append(f"{rec.get('path')}: not scored ({err})")
+            continue
         notes.append(f"{rec.get('path')}: scored (held-out configurations as in the coefficient fit)")
     return steps, notes
 
@@ -582,25 +598,27 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = BUNDLED
     alpha, input_beta = read_defaults_coefficients(defaults_path)
     validate_export_coeffs(alpha, input_beta, f"{defaults_path}: trained_physics_coefficients")
     c = coeff_io.load(coeffs_path) if coeffs_path is not None else None
+    gpu = load_gpu(c.gpu) if c is not None else None
     if c is not None:
-        spec = load_gpu(c.gpu)
-        c.check_gpu(spec)
-    loaded = datasets.load([Path(p) for p in steps_paths], gpu=steps_gpu or (c.gpu if c else None)) \
+        c.check_gpu(gpu)
+        if steps_paths and steps_gpu is not None and load_gpu(steps_gpu).name != gpu.name:
+            raise RoofcalError(f"--gpu {steps_gpu}: {c.source} is for GPU '{gpu.name}'; steps to fit must be on it")
+    # datasets.load refuses steps on another GPU than the one named (the coefficient file's)
+    loaded = datasets.load([Path(p) for p in steps_paths], gpu=c.gpu if c is not None else steps_gpu) \
         if steps_paths else None
     measured = loaded.steps if loaded is not None else []
     if steps_paths and not measured:
         raise RoofcalError(f"{', '.join(map(str, steps_paths))}: no whole-step measurements (per-op tables cannot fit BLIS betas)")
-    gpu_name = c.gpu if c is not None else (measured[0].gpu if measured else None)
-    if gpu_name is None:
-        raise RoofcalError("blis fit: give --coeffs FILE (distillation) and/or --steps FILE (measurements)")
-    for d in measured:
-        if d.gpu != gpu_name:
-            raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{gpu_name}'")
-    gpu = load_gpu(gpu_name)
+    if gpu is None:
+        if not measured:
+            raise RoofcalError("blis fit: give --coeffs FILE (distillation) and/or --steps FILE (measurements)")
+        gpu = load_gpu(measured[0].gpu)
+        other = [d for d in measured if d.gpu != gpu.name] if steps_gpu is None else []  # else the loader checked
+        if other:
+            raise RoofcalError(f"{other[0].source}: steps are for GPU '{other[0].gpu}', not '{gpu.name}'")
     hw_name, hw = hardware_for_gpu(hardware_config, gpu, hardware)
 
     method, resolved = [], []
-    deps: list[Deployment] = []
     if c is not None and settings.samples > 0:
         if deployments:
             deps = list(deployments)
@@ -620,7 +638,7 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = BUNDLED
     seed = int(c.fit.get("seed", settings.seed)) if c is not None else settings.seed
     params = c.params if c is not None else None
     scored, notes = (measured, []) if measured or c is None else _coeff_step_data(c)
-    rows = build_rows(params, gpu, resolved, settings, scored, hw, holdout, seed)
+    rows = build_rows(params, gpu, resolved, settings, scored, hw, measured_split=(holdout, seed))
     result = fit_blis([rows[s] for s in ("distill", "measured") if s in rows and (s != "measured" or measured)],
                       input_beta, settings)
     metrics = result.metrics
@@ -628,8 +646,9 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = BUNDLED
         s = score_rows(rows["measured"], result.beta, input_beta)
         for split in metrics:
             metrics[split]["measured"] = s[split]
-    if not deps:
-        deps = sorted({Deployment(d.model.name, d.tp) for d in measured}, key=lambda d: (d.model, d.tp))
+    # what the betas were fitted for: the distilled deployments, then the measured ones
+    deps = [Deployment(r.spec.ref, r.deployment.tp) for r in resolved]
+    deps += sorted({Deployment(d.model.ref, d.tp) for d in measured} - set(deps), key=lambda d: (d.model, d.tp))
     provenance = {
         "method": " + ".join(method),
         "coeffs": None if c is None else {**_file_record(Path(coeffs_path)), "gpu": c.gpu},
@@ -642,10 +661,8 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = BUNDLED
         "fit": settings.record(),
         "measured_split": {"holdout": holdout, "seed": seed},
     }
-    return BlisForm(tuple(alpha), tuple(result.beta), hw_name,
-                    {"TFlopsPeak": hw.tflops_peak, "TFlopsFP8": hw.tflops_fp8, "BwPeakTBs": hw.bw_peak_tbs},
-                    tuple(deps), f"kept from {resources.display(defaults_path)} (no request-level data)",
-                    provenance, metrics)
+    return BlisForm(tuple(alpha), tuple(result.beta), hw_name, hw, tuple(deps),
+                    f"kept from {resources.display(defaults_path)} (no request-level data)", provenance, metrics)
 
 
 def _mape(metrics: dict, source: str, key: str) -> float | None:
@@ -706,18 +723,18 @@ def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | P
         raise RoofcalError(f"{target}: --out is the --defaults file; use --in-place to overwrite it (keeps a backup)")
     text = _read_text(defaults_path, "BLIS defaults file")
     _coefficient_spans(text, str(defaults_path))  # refuse a bad defaults file before any fitting
-    if file_schema(coeffs_path) == BLIS_FORM_SCHEMA:
+    schema, doc = read_coefficient_doc(coeffs_path)
+    if schema == BLIS_FORM_SCHEMA:
         if deployments:
             raise RoofcalError(f"{coeffs_path}: a BLIS-form file is already fitted; --model/--tp apply to a roofcal coefficient file")
-        form = load_form(coeffs_path)
-        calib = BlisHardware(form.hardware_calib["TFlopsPeak"], form.hardware_calib["BwPeakTBs"], form.hardware_calib["TFlopsFP8"])
+        form = form_from_dict(doc, str(coeffs_path))  # validated, coefficients included
         for d in form.deployments:
-            resolve_deployment(d, calib, where=f"{coeffs_path}: deployment {d.model} tp {d.tp}")
+            resolve_deployment(d, form.hardware_calib, where=f"{coeffs_path}: deployment {d.model} tp {d.tp}")
         comment = provenance_comment(form, coeffs_path)
     else:
         form = fit_form(coeffs_path, defaults_path, hardware_config, hardware, deployments, (), settings)
+        validate_export_coeffs(form.alpha, form.beta, str(coeffs_path))
         comment = provenance_comment(form)
-    validate_export_coeffs(form.alpha, form.beta, str(coeffs_path))
     new = replace_coefficients(text, form.alpha, form.beta, comment, str(defaults_path))
     _check_written(new, form.alpha, form.beta, str(target or defaults_path))
     backup = None
@@ -755,10 +772,7 @@ def export_hardware(gpu: str, coeffs_path: str | Path | None = None, into: str |
     spec = load_gpu(gpu)
     entry_name = name or blis_gpu_name(gpu, spec) or spec.name
     text = _read_text(Path(into), "hardware config") if into is not None else None
-    existing = {}
-    if text is not None:
-        _json_entries(text, str(into))
-        existing = json.loads(text)
+    existing, entries = _json_entries(text, str(into)) if text is not None else ({}, [])
     bundled = resources.COEFFS / f"{spec.name}.yaml"
     path = Path(coeffs_path) if coeffs_path is not None else (bundled if bundled.is_file() else None)
     if path is not None:
@@ -777,7 +791,8 @@ def export_hardware(gpu: str, coeffs_path: str | Path | None = None, into: str |
     comment = (f"roofcal {__version__}: TFlopsPeak (dense BF16), TFlopsFP8 (dense), BwPeakTBs, MemoryGiB from datasheet "
                f"{spec.name} (sha256 {spec.sha256()[:12]}); mfuPrefill/mfuDecode {src}")
     entry = hardware_entry(spec, mfu, comment)
-    merged = merge_hardware_entry(text, entry_name, entry, str(into) if into else "hardware_config.json")
+    merged = _merge_entry(text, entries, entry_name, entry, str(into)) if text is not None \
+        else merge_hardware_entry(None, entry_name, entry)
     check = json.loads(merged)
     if check.get(entry_name) != entry or [k for k in check if k != entry_name] != [k for k in existing if k != entry_name]:
         raise RoofcalError("export hardware: internal error: the merged file does not read back as intended")

@@ -26,7 +26,6 @@ step time, next to the native model's error and the input defaults' error.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -44,7 +43,7 @@ from roofcal.blis.basis import (
     combine_basis,
     effective_beta,
 )
-from roofcal.blis.config import BlisModel, load_blis_model, read_config_json
+from roofcal.blis.config import BlisModel, blis_model_from_dict, read_config_json
 from roofcal.blis.sampling import (
     SamplerSettings,
     blis_requests_from_steps,
@@ -52,7 +51,9 @@ from roofcal.blis.sampling import (
     kv_capacity_tokens,
     sample_steps,
 )
+from roofcal.coeffs import _num
 from roofcal.config import ModelSpec, check_tp, load_model, resolve_config_path
+from roofcal.correction import softplus_inv
 from roofcal.errors import RoofcalError
 from roofcal.fit import split_groups
 from roofcal.hardware import GPUSpec, load_gpu
@@ -92,12 +93,11 @@ BETA_NAMES = (
     "beta_ep_moe_dispatch",
 )
 
-SOURCES = ("distill", "measured")
-
 
 @dataclass(frozen=True)
 class Deployment:
-    """A model (bundled name or config path) served at tensor-parallel degree ``tp``."""
+    """A model (bundled name or config path, as :attr:`roofcal.config.ModelSpec.ref` gives it) served
+    at tensor-parallel degree ``tp``."""
 
     model: str
     tp: int
@@ -138,20 +138,26 @@ class ResolvedDeployment:
     max_context: int  # tokens: max_position_embeddings (or the sampler's cap when absent)
 
 
-def resolve_deployment(dep: Deployment, hw: BlisHardware, where: str = "") -> ResolvedDeployment:
+def resolve_deployment(dep: Deployment, hw: BlisHardware, where: str = "",
+                       spec: ModelSpec | None = None) -> ResolvedDeployment:
     """Load the model both ways and apply BLIS's deployment rules (TP divides heads and KV heads,
-    positive shapes and peaks); refusals name the deployment."""
+    positive shapes and peaks); refusals name the deployment.
+
+    ``spec``: the model already loaded (e.g. a step file's; ``dep.model`` is then its
+    :attr:`~roofcal.config.ModelSpec.ref`), else ``dep.model`` is loaded. BLIS's reading comes from
+    the config file the spec was loaded from, read once for BLIS's model and the context limit."""
     prefix = where or f"--model {dep.model} --tp {dep.tp}"
     try:
-        spec = load_model(dep.model)
+        spec = spec if spec is not None else load_model(dep.model)
         check_tp(spec, int(dep.tp), where=prefix)
-        path = resolve_config_path(dep.model)
-        blis_model = load_blis_model(path, spec.name)
+        path = spec.config_path or resolve_config_path(spec.ref)
+        cfg = read_config_json(path)
+        blis_model = blis_model_from_dict(cfg, spec.name, path)
         constants = blis_constants(blis_model, hw, int(dep.tp))
-        raw = read_config_json(path).get("max_position_embeddings")
     except RoofcalError as err:
         msg = str(err)
         raise RoofcalError(msg if msg.startswith(prefix) else f"{prefix}: {msg}") from None
+    raw = cfg.get("max_position_embeddings")
     ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 1
     return ResolvedDeployment(dep, spec, blis_model, constants, raw if ok else SamplerSettings().max_context)
 
@@ -227,14 +233,18 @@ def _basis_np(constants: BlisConstants, requests) -> dict:
 
 def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[ResolvedDeployment],
                settings: BlisFitSettings, datasets: Sequence[StepData] = (), hw: BlisHardware | None = None,
-               holdout: float = 0.2, seed: int = 0) -> dict[str, Rows]:
+               measured_split: tuple[float, int] | None = None) -> dict[str, Rows]:
     """{'distill': rows, 'measured': rows} (sources without steps left out).
 
-    Distillation: ``settings.samples`` steps sampled per deployment (sample and held-out rows depend
-    only on (seed, model, TP)), targets = native predictions with ``params`` on ``gpu``.
+    Distillation: ``settings.samples`` steps sampled per deployment, ``settings.holdout`` of them
+    held out (sample and held-out rows depend only on (``settings.seed``, model, TP)), targets =
+    native predictions with ``params`` on ``gpu``.
     Measured: ``datasets`` with their BLIS requests (:func:`blis_requests_from_steps`) on ``hw``,
-    configurations held out as ``roofcal fit`` holds them out (``seed + 1``); steps without any
-    request are dropped; native predictions only when ``params`` is given."""
+    configurations held out as ``roofcal fit`` holds them out with ``measured_split`` = (holdout,
+    seed) (e.g. the coefficient file's, so its held-out configurations stay held out; default
+    ``settings``'); steps without any request are dropped; native predictions only when
+    ``params`` is given."""
+    holdout, seed = measured_split if measured_split is not None else (settings.holdout, settings.seed)
     pending, jobs = [], []
     for r in deployments:
         name, tp = r.spec.name, int(r.deployment.tp)
@@ -243,13 +253,14 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
                               capacity, settings.sampler)
         n = len(sample)
         test = np.zeros(n, bool)
-        pick = np.random.default_rng([settings.seed, zlib.crc32(name.encode()), tp, 1]).permutation(n)
+        pick = deployment_seed(settings.seed, name, tp, stream=1).permutation(n)
         test[pick[: int(round(settings.holdout * n))]] = True
         pending.append(("distill", _basis_np(r.constants, sample.requests), None, sample.phase,
                         np.full(n, f"{name} tp{tp}"), test, np.ones(n, bool)))
         jobs.append((r.spec, gpu, tp, sample.steps))
     for d in datasets:
-        r = resolve_deployment(Deployment(d.model.name, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}")
+        r = resolve_deployment(Deployment(d.model.ref, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}",
+                               spec=d.model)
         requests = blis_requests_from_steps(d.batch, d.source)
         pending.append(("measured", _basis_np(r.constants, requests), np.asarray(d.measured_us, np.float64),
                         np.asarray(d.phase), np.full(len(d), f"{d.model.name} tp{d.tp}"),
@@ -261,18 +272,6 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
         target = pred if source == "distill" else measured
         parts.setdefault(source, []).append(_take(Rows(source, basis, target, pred, phase, label, test), keep))
     return {source: concat_rows(p) for source, p in parts.items()}
-
-
-def distill_rows(params: dict, gpu: GPUSpec, deployments: Sequence[ResolvedDeployment],
-                 settings: BlisFitSettings) -> Rows:
-    """Sampled steps of every deployment, targets predicted by the native model (see :func:`build_rows`)."""
-    return build_rows(params, gpu, deployments, settings)["distill"]
-
-
-def measured_rows(datasets: Sequence[StepData], hw: BlisHardware, params: dict | None, holdout: float,
-                  seed: int) -> Rows:
-    """Measured steps as rows (see :func:`build_rows`); ``params``: native model, or None."""
-    return build_rows(params, None, (), BlisFitSettings(), datasets, hw, holdout, seed)["measured"]
 
 
 def _take(rows: Rows, sel: np.ndarray) -> Rows:
@@ -290,24 +289,26 @@ def design_matrix(basis: dict) -> np.ndarray:
     return np.stack([np.asarray(basis[name], np.float64) for name in BETA_BASIS], axis=1)
 
 
-def blis_objective(theta, data):
-    """Weighted mean squared log-ratio of the float BLIS step time to the targets, plus the prior.
+def blis_loss(beta, data):
+    """Weighted mean squared log-ratio of the float BLIS step time with ``beta`` to the targets,
+    plus the prior.
 
     ``data`` = (basis dict (N,), target µs (N,), weight (N,), scale (11,), input β (11,),
-    prior strength (11,), free (11,) 1.0 where β is fitted). β = free·scale·softplus(θ) +
-    (1 − free)·input β."""
-    basis, target, weight, scale, center, strength, free = data
-    beta = free * scale * jax.nn.softplus(theta) + (1.0 - free) * center
+    prior strength (11,), free (11,) 1.0 where β is fitted)."""
+    basis, target, weight, _, center, strength, _ = data
     pred = combine_basis(basis, beta, True, True)
     return log_ratio_sq(pred, target, weight) + jnp.sum(strength * (beta - center) ** 2)
 
 
-def _softplus_inv(y: np.ndarray) -> np.ndarray:
-    return np.where(y < 30, y + np.log(-np.expm1(-np.minimum(y, 30))), y)
+def beta_of_theta(theta, data):
+    """β = free·scale·softplus(θ) + (1 − free)·input β (``data`` as in :func:`blis_loss`)."""
+    _, _, _, scale, center, _, free = data
+    return free * scale * jax.nn.softplus(theta) + (1.0 - free) * center
 
 
-def _round_sig(x: np.ndarray, digits: int = 9) -> np.ndarray:
-    return np.array([float(f"{v:.{digits}g}") for v in np.asarray(x, np.float64)])
+def blis_objective(theta, data):
+    """:func:`blis_loss` at β = :func:`beta_of_theta` (θ), what L-BFGS minimises."""
+    return blis_loss(beta_of_theta(theta, data), data)
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,7 @@ def fit_betas(rows: Sequence[Rows], input_beta: Sequence[float], iters: int = 30
     start = center.copy()
     start[free] = nnls(A[:, free], b, maxiter=50 * A.shape[1])[0]
     scale = np.where(free, 1.0 / np.where(free, m, 1.0), 1.0)
-    theta0 = _softplus_inv(np.maximum(start / scale, 1e-3))
+    theta0 = np.array([softplus_inv(v) for v in np.maximum(start / scale, 1e-3)])
     with jax.enable_x64(True):
         data = (
             {k: jnp.asarray(np.concatenate([np.asarray(r.basis[k]) for r in train]), jnp.float64) for k in BASIS_TERMS},
@@ -364,24 +365,17 @@ def fit_betas(rows: Sequence[Rows], input_beta: Sequence[float], iters: int = 30
             jnp.asarray(free, jnp.float64),
         )
         theta, _ = lbfgs(blis_objective, jnp.asarray(theta0, jnp.float64), data, iters)
-        fitted = np.where(free, scale * np.asarray(jax.nn.softplus(theta)), center)
+        fitted = np.asarray(beta_of_theta(theta, data))
 
         def finish(beta):
             beta = np.where(free & (beta * m < 1e-7), 0.0, beta)
-            beta = np.where(free, _round_sig(np.maximum(beta, 0.0)), center)  # kept values stay exact
-            return beta, _objective_at(beta, data)
+            rounded = np.array([_num(v) for v in np.maximum(beta, 0.0)])
+            beta = np.where(free, rounded, center)  # kept values stay exact
+            return beta, float(blis_loss(jnp.asarray(beta, jnp.float64), data))
 
         candidates = [finish(np.where(free, start, center)), finish(fitted)]
     beta, value = min(candidates, key=lambda c: (not np.isfinite(c[1]), c[1]))
     return BetaFit(tuple(float(v) for v in beta), tuple(int(i) for i in np.flatnonzero(~free)), value, len(y))
-
-
-def _objective_at(beta: np.ndarray, data) -> float:
-    """The objective at a β vector (not θ): same loss and prior as :func:`blis_objective`."""
-    basis, target, weight, scale, center, strength, free = data
-    b = jnp.asarray(beta, jnp.float64)
-    pred = combine_basis(basis, b, True, True)
-    return float(log_ratio_sq(pred, target, weight) + jnp.sum(strength * (b - center) ** 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,7 +452,6 @@ def deployments_from_records(records, where: str) -> list[Deployment]:
 
 __all__ = [
     "BETA_BASIS", "BETA_NAMES", "BetaFit", "BlisFitResult", "BlisFitSettings", "Deployment",
-    "ResolvedDeployment", "Rows", "blis_objective", "concat_rows", "deployments_from_records",
-    "design_matrix", "distill_rows", "fit_betas", "fit_blis", "measured_rows", "resolve_deployment",
-    "score_rows",
+    "ResolvedDeployment", "Rows", "beta_of_theta", "blis_loss", "blis_objective", "concat_rows",
+    "deployments_from_records", "design_matrix", "fit_betas", "fit_blis", "resolve_deployment", "score_rows",
 ]

@@ -13,22 +13,27 @@ import pandas as pd
 from ..errors import RoofcalError
 from ..hardware import GPUSpec, load_gpu
 from ..residuals import _concat, _step_frame, pad_batch
+from .basis import BlisHardware
+from .fit import BETA_BASIS
 from .sampling import blis_requests_from_steps
 
-# BLIS's trained-physics terms: (component, β symbol, index in the effective 11-β vector, basis term)
-BLIS_TERMS = (
-    ("pf_compute", "β1a", 0, "t_pf_compute_us"),
-    ("pf_kv", "β1b", 8, "t_pf_kv_us"),
-    ("dc_compute", "β2a", 1, "t_dc_compute_us"),
-    ("dc_kv", "β2b", 9, "t_dc_kv_us"),
-    ("weights", "β3", 2, "t_weight_us"),
-    ("tp_allreduce", "β4", 3, "t_tp_allreduce_us"),
-    ("moe_dispatch", "β_EP", 10, "t_moe_dispatch_us"),
-    ("per_layer", "β5", 4, "num_layers"),
-    ("per_request", "β6", 5, "batch_size"),
-    ("per_step", "β7", 6, "constant"),
-    ("moe_layer", "β8", 7, "interleaved_moe_layers"),
+#: BLIS's trained-physics terms as reported: (component, β symbol, basis term), in report order
+_REPORTED = (
+    ("pf_compute", "β1a", "t_pf_compute_us"),
+    ("pf_kv", "β1b", "t_pf_kv_us"),
+    ("dc_compute", "β2a", "t_dc_compute_us"),
+    ("dc_kv", "β2b", "t_dc_kv_us"),
+    ("weights", "β3", "t_weight_us"),
+    ("tp_allreduce", "β4", "t_tp_allreduce_us"),
+    ("moe_dispatch", "β_EP", "t_moe_dispatch_us"),
+    ("per_layer", "β5", "num_layers"),
+    ("per_request", "β6", "batch_size"),
+    ("per_step", "β7", "constant"),
+    ("moe_layer", "β8", "interleaved_moe_layers"),
 )
+#: (component, β symbol, index in the effective 11-β vector, basis term); the index is the term's
+#: position in :data:`roofcal.blis.fit.BETA_BASIS`
+BLIS_TERMS = tuple((name, sym, BETA_BASIS.index(term), term) for name, sym, term in _REPORTED)
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class BlisCoeffs:
     alpha: tuple
     beta: tuple
     source: str
-    hardware: object = None           # roofcal.blis.basis.BlisHardware
+    hardware: BlisHardware | None = None
     hardware_name: str = ""
 
 def _find_beta_block(doc, depth: int = 0):
@@ -55,42 +60,26 @@ def _find_beta_block(doc, depth: int = 0):
             return found[0], f"{k}." + found[1]
     return None
 
-def _blis_form(doc, path: Path):
-    """A ``roofcal-blis/1`` file through :mod:`roofcal.blis.export`'s validator, when present."""
-    try:
-        from .export import form_from_dict
-    except ImportError:
-        return None
-    from .basis import BlisHardware
-    from ..resources import display
-    f = form_from_dict(doc, str(path))
-    return BlisCoeffs(tuple(f.alpha), tuple(f.beta), display(path),
-                      BlisHardware.from_dict(f.hardware_calib, f"{path}: hardware"), f.hardware)
-
 def read_blis_coeffs(path) -> BlisCoeffs:
     """α/β from a BLIS ``defaults.yaml`` (its ``trained_physics_coefficients`` block), a
     BLIS-form file (``roofcal blis fit``; its ``hardware`` entry is used for the basis), or any
     YAML holding ``beta_coeffs`` / ``beta`` (and optionally ``alpha_coeffs`` / ``alpha``) at a
-    depth ≤ 3."""
-    from .basis import BlisHardware, validate_blis_coeffs
-    from ..io import read_yaml
+    depth ≤ 3. Read as :mod:`roofcal.blis.export` reads YAML (duplicate keys refused)."""
+    from .basis import validate_blis_coeffs
+    from .export import BLIS_FORM_SCHEMA, _numbers, _read_text, form_from_dict, strict_yaml_load
     from ..resources import display
     path = Path(path)
-    doc = read_yaml(path, "BLIS coefficient file")
-    if isinstance(doc, dict) and doc.get("schema") == "roofcal-blis/1":
-        form = _blis_form(doc, path)
-        if form is not None:
-            return form
+    doc = strict_yaml_load(_read_text(path, "BLIS coefficient file"), str(path))
+    if isinstance(doc, dict) and doc.get("schema") == BLIS_FORM_SCHEMA:
+        f = form_from_dict(doc, str(path))
+        return BlisCoeffs(f.alpha, f.beta, display(path), f.hardware_calib, f.hardware)
     found = _find_beta_block(doc)
     if found is None or not isinstance(found[0], dict):
         raise RoofcalError(f"{path}: field 'trained_physics_coefficients.beta_coeffs' is missing")
     block, where = found
-    beta = block.get("beta_coeffs", block.get("beta"))
-    alpha = block.get("alpha_coeffs", block.get("alpha", [0.0, 0.0, 0.0]))
-    for name, v in (("beta_coeffs", beta), ("alpha_coeffs", alpha)):
-        if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                              for x in v):
-            raise RoofcalError(f"{path}: field '{where}{name}' must be a list of numbers")
+    beta = _numbers(block.get("beta_coeffs", block.get("beta")), f"{path}: field '{where}beta_coeffs'")
+    alpha = _numbers(block.get("alpha_coeffs", block.get("alpha", [0.0, 0.0, 0.0])),
+                     f"{path}: field '{where}alpha_coeffs'")
     try:
         validate_blis_coeffs(alpha, beta)
     except RoofcalError as e:
@@ -99,13 +88,11 @@ def read_blis_coeffs(path) -> BlisCoeffs:
     if isinstance(block.get("hardware"), dict) and "TFlopsPeak" in block["hardware"]:
         name = str(block["hardware"].get("name", ""))
         hw = BlisHardware.from_dict(block["hardware"], f"{path}: field '{where}hardware'")
-    return BlisCoeffs(tuple(float(a) for a in alpha), tuple(float(b) for b in beta), display(path),
-                      hw, name)
+    return BlisCoeffs(tuple(alpha), tuple(beta), display(path), hw, name)
 
 def blis_hardware(gpu: GPUSpec):
     """BLIS's hardware entry for ``gpu`` (the bundled hardware_config.json entry that is one of the
     datasheet's aliases), else BLIS's fields read off the datasheet itself."""
-    from .basis import BlisHardware
     from .export import BUNDLED_HARDWARE, hardware_for_gpu
     try:
         return hardware_for_gpu(BUNDLED_HARDWARE, gpu)[1]
@@ -134,16 +121,17 @@ def blis_components(basis: dict, beta) -> dict:
 def blis_step_residuals(steps: list, coeffs: BlisCoeffs) -> pd.DataFrame:
     """One row per measured step, predicted by BLIS's trained-physics formula with ``coeffs``.
 
-    ``work_us`` is BLIS's unscaled roofline: max(compute terms, KV + weight terms) + all-reduce.
+    ``work_us`` is BLIS's unscaled roofline: max(compute terms, KV + weight terms) + TP all-reduce
+    + MoE dispatch. Each step's model is read from the config file it was loaded from.
     """
-    from .basis import blis_basis
-    from .config import load_blis_model
-    from ..config import resolve_config_path
+    from .basis import basis_for_constants
+    from .fit import Deployment, resolve_deployment
     frames = []
     for d in steps:
-        model = load_blis_model(resolve_config_path(d.model.name), d.model.name)
         hw = coeffs.hardware if coeffs.hardware is not None else blis_hardware(load_gpu(d.gpu))
-        basis = blis_basis(model, hw, d.tp, 1, "", blis_requests_from_steps(pad_batch(d.batch), d.source))
+        r = resolve_deployment(Deployment(d.model.ref, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}",
+                               spec=d.model)
+        basis = basis_for_constants(r.constants, blis_requests_from_steps(pad_batch(d.batch), d.source))
         v = {k: np.asarray(x, np.float64)[: len(d)] for k, x in basis.items()}
         tc = v["t_pf_compute_us"] + v["t_dc_compute_us"]
         tm = v["t_pf_kv_us"] + v["t_dc_kv_us"] + v["t_weight_us"]

@@ -87,10 +87,12 @@ class SampledSteps:
         return len(self.phase)
 
 
-def deployment_seed(seed: int, model: str, tp: int) -> np.random.Generator:
-    """A generator for one deployment: a function of (seed, model name, TP) only, so adding or
-    reordering deployments leaves each one's sample unchanged."""
-    return np.random.default_rng([int(seed), zlib.crc32(model.encode("utf-8")), int(tp)])
+def deployment_seed(seed: int, model: str, tp: int, stream: int = 0) -> np.random.Generator:
+    """A generator for one deployment: a function of (seed, model name, TP, stream) only, so adding
+    or reordering deployments leaves each one's draws unchanged. ``stream`` 0 draws the sample;
+    other streams are independent generators of the same deployment (e.g. its held-out split)."""
+    entropy = [int(seed), zlib.crc32(model.encode("utf-8")), int(tp)]
+    return np.random.default_rng(entropy + [int(stream)] if stream else entropy)
 
 
 def kv_capacity_tokens(model: ModelSpec, gpu: GPUSpec, tp: int, utilization: float = 0.9) -> int:
