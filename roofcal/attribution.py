@@ -49,18 +49,21 @@ def _pred_kernel(inputs, S):
                       lat + K.smax(S[:, 1] * a, b, q),
                       lat + K.smax(a, S[:, 2] * b, q)], axis=1)
 
+def _seg_pred(u, seg, inputs, kernel):
+    """Prediction per (row, candidate) with candidate j of row i's segment scaled by
+    exp(u[seg[i], j]); shape (R, J)."""
+    return (_pred_kernel if kernel else _pred_linear)(inputs, jnp.exp(u)[seg])
+
 def _seg_loss(u, seg, logy, counts, inputs, n_seg, kernel):
     """Mean squared log-ratio per (segment, candidate) with candidate j of segment g scaled by
     exp(u[g, j]); shape (G, J)."""
-    S = jnp.exp(u)[seg]
-    pred = (_pred_kernel if kernel else _pred_linear)(inputs, S)
+    pred = _seg_pred(u, seg, inputs, kernel)
     r = (jnp.log(jnp.maximum(pred, 1e-30)) - logy[:, None]) ** 2
     return jax.ops.segment_sum(r, seg, n_seg) / counts[:, None]
 
 def _seg_mape(u, seg, logy, counts, inputs, n_seg, kernel):
-    S = jnp.exp(u)[seg]
-    pred = (_pred_kernel if kernel else _pred_linear)(inputs, S)
-    r = jnp.abs(pred / jnp.exp(logy)[:, None] - 1.0)
+    """Mean |relative error| per (segment, candidate), as :func:`_seg_loss`; shape (G, J)."""
+    r = jnp.abs(_seg_pred(u, seg, inputs, kernel) / jnp.exp(logy)[:, None] - 1.0)
     return jax.ops.segment_sum(r, seg, n_seg) / counts[:, None]
 
 @partial(jax.jit, static_argnames=("n_seg", "n_cand", "kernel"))

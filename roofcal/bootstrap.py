@@ -83,6 +83,12 @@ INTENSITY = {"gemm": "m", "attn_prefill": "seq_len", "moe": "tokens"}
 #: descriptors whose product sets the CTA grid of a kernel
 GRID = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "heads"), "attn_decode": ("seqs", "kv_heads"),
         "moe": ("tokens",), "elementwise": ("tokens",)}
+#: GEMM/MoE weight dtypes with a datasheet peak of their own (any other runs at the BF16 peak)
+PEAK_FIELD = {"fp8": "fp8_tflops", "fp8_block": "fp8_tflops", "int8": "int8_tops",
+              "fp16": "fp16_tflops"}
+#: datasheet rate field → factor to FLOP/µs or bytes/µs
+PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
+          "hbm_bandwidth_tbs": 1e6, "interconnect_bandwidth_gbs": 1e3}
 #: (descriptor ∝ FLOPs, descriptor ∝ bytes) of a kernel, for the ``duration`` rule
 WORK = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "seqs"), "attn_decode": ("seqs", "seqs"),
         "allreduce": (None, "bytes"), "moe": ("tokens", "tokens"),
@@ -103,7 +109,7 @@ def shifts(rule: str, kind: str, ref: tuple, new: tuple):
     """(compute shift, memory shift), each (descriptors,) in log2 units: ``eff_new(x) =
     eff_ref(x·2^Δ)``. ``ref`` / ``new`` are (peak FLOP/µs, bytes/µs, SMs) of the kernel's dtype
     and memory (HBM, or the link for communication)."""
-    if rule not in RULES:
+    if rule not in RULES:                     # the one check of a rule (bootstrap and whatif)
         raise RoofcalError(f"unknown bootstrap rule {rule!r} (known: {', '.join(RULES)})")
     (pr, br, sr), (pn, bn, sn) = ref, new
     zero = _onehot(kind, (), 0.0)
@@ -121,11 +127,56 @@ def shifts(rule: str, kind: str, ref: tuple, new: tuple):
     return d, d
 
 
-def op_rates(gpu: GPUSpec, kind: str, variant: str) -> tuple:
-    """(peak FLOP/µs, bytes/µs, SMs) that bound a kernel on ``gpu`` (see roofcal.model)."""
-    from .model import op_peak_and_bandwidth
-    peak, bw = op_peak_and_bandwidth(gpu, kind, variant)
-    return float(peak), float(bw), float(gpu.sm_count)
+def rate_fields(gpu: GPUSpec, kind: str, variant: str) -> tuple[str, str]:
+    """(peak field, bandwidth field) of the datasheet that bound a kernel on ``gpu``: the choice
+    of :func:`roofcal.model.op_peak_and_bandwidth` (GEMM/MoE peaks by weight dtype, a peak the GPU
+    lacks replaced by BF16, communication over the link)."""
+    dtype = variant if kind in ("gemm", "moe") else "bf16"
+    peak = PEAK_FIELD.get(dtype)
+    if not (peak and getattr(gpu, peak)):
+        peak = "bf16_tflops"
+    return peak, "interconnect_bandwidth_gbs" if K.OP_KINDS[kind].link else "hbm_bandwidth_tbs"
+
+
+def op_rates(gpu: GPUSpec, kind: str, variant: str, theta: dict | None = None) -> tuple:
+    """(peak FLOP/µs, bytes/µs, SMs) that bound a kernel on ``gpu`` (those of roofcal.model).
+
+    ``theta`` ({datasheet field: number}, e.g. traced by :mod:`roofcal.whatif`) replaces the
+    datasheet's numbers; ``gpu`` still decides which fields apply.
+    """
+    peak, bw = rate_fields(gpu, kind, variant)
+    if theta is None:
+        theta = {f: float(getattr(gpu, f)) for f in (peak, bw, "sm_count")}
+    return theta[peak] * PER_US[peak], theta[bw] * PER_US[bw], theta["sm_count"]
+
+
+@lru_cache(maxsize=None)
+def shape_zero(kind: str) -> tuple:
+    """Standardized ``z`` of shape 0 per descriptor, as the float32 nearest above it whose shape
+    (in a file's float64 arithmetic) is not below 0, so a range written from it reads back."""
+    k = K.OP_KINDS[kind]
+    out = []
+    for c, s in zip(k.center, k.scale):
+        z = np.float32(-c / s)
+        while float(z) * s + c < 0:
+            z = np.nextafter(z, np.float32(np.inf))
+        out.append(float(z))
+    return tuple(out)
+
+
+def shifted_range(kind: str, lo, hi, dc, dm, xp=np) -> tuple:
+    """(compute shift, memory shift, low, high) in standardized units ``z`` of a surface read at
+    ``x·2^Δ`` (``dc``, ``dm`` in log2 units), with the clamp range ``[lo, hi]`` moved by the memory
+    shift. No shape lies below shape 0, and a file cannot hold a range below it, so a lower bound
+    below it is raised to it (nothing changes); where the whole range moves below it, every shape
+    reads the reference at its upper bound, and the shifts are reduced so that the file does
+    exactly that. Generic over numpy (:func:`shift_op`) and traced jax (:mod:`roofcal.whatif`)."""
+    scale = np.asarray(K.OP_KINDS[kind].scale, np.float64)
+    floor = np.asarray(shape_zero(kind), np.float64)
+    zc, zm = dc / scale, dm / scale
+    excess = xp.maximum(zm - (hi - floor), 0.0)
+    zc, zm = zc - excess, zm - excess
+    return zc, zm, xp.maximum(lo - zm, floor), hi - zm
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,14 +207,10 @@ def shift_polynomial(w, dz) -> np.ndarray:
 
 def shift_op(p: dict, kind: str, dc, dm) -> dict:
     """Raw op params whose surfaces read the original ones at ``x·2^Δ`` (Δ in log2 units of the
-    descriptors; compute ``dc``, memory ``dm``). The clamp range moves with ``dm``; a lower bound
-    below shape 0 is raised to it (no shape lies below, so nothing changes)."""
-    scale = np.asarray(K.OP_KINDS[kind].scale, np.float64)
-    zc, zm = np.asarray(dc, np.float64) / scale, np.asarray(dm, np.float64) / scale
-    lo, hi = np.asarray(p["lo"], np.float64) - zm, np.asarray(p["hi"], np.float64) - zm
-    floor = -np.asarray(K.OP_KINDS[kind].center, np.float64) / scale      # z of shape 0
-    lo = np.maximum(lo, floor)
-    hi = np.maximum(hi, lo)
+    descriptors; compute ``dc``, memory ``dm``). The clamp range moves with ``dm`` (see
+    :func:`shifted_range`)."""
+    f64 = lambda a: np.asarray(a, np.float64)
+    zc, zm, lo, hi = shifted_range(kind, f64(p["lo"]), f64(p["hi"]), f64(dc), f64(dm))
     # with a shared range that follows dm, the compute surface reads P_c(u + zc) at u = clamp(z)
     return {**p,
             "eff_c": jnp.asarray(shift_polynomial(p["eff_c"], zc), jnp.float32),
@@ -224,8 +271,6 @@ def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
     Pure: the same inputs give the same output. See the module docstring for what transfers.
     """
     check_reference(ref, ref_gpu)
-    if rule not in RULES:
-        raise RoofcalError(f"unknown bootstrap rule {rule!r} (known: {', '.join(RULES)})")
     ops = {}
     for key in sorted(ref.params["ops"]):
         kind, variant = key.split("/")
@@ -271,4 +316,6 @@ def bootstrap_file(ref_path, new_gpu, out, ref_datasheet=None, rule: str = DEFAU
         ref_gpu = load_gpu(ref_datasheet)
     c = bootstrap(ref, ref_gpu, new, rule)
     coeff_io.save(c, out)
-    return coeff_io.load(out, new)
+    c = coeff_io.roundtrip(c)                      # as the file reads back
+    c.source = str(out)
+    return c

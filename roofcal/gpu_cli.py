@@ -12,9 +12,23 @@
 
 from __future__ import annotations
 
-UNITS = {"bf16_tflops": "TFLOP/s", "fp16_tflops": "TFLOP/s", "fp8_tflops": "TFLOP/s",
-         "int8_tops": "TOP/s", "hbm_bandwidth_tbs": "TB/s", "hbm_capacity_gib": "GiB",
-         "interconnect_bandwidth_gbs": "GB/s (one direction)", "sm_count": "SMs"}
+#: SI prefixes of the units in :data:`roofcal.hardware.NUMERIC_FIELDS`
+PREFIXES = {"1e12 ": "T", "1e9 ": "G"}
+
+
+def shown_fields() -> dict:
+    """{field: unit} of the numbers ``gpu show`` prints: the datasheet's numeric fields
+    (:data:`roofcal.hardware.NUMERIC_FIELDS`, with the FP16 peak beside BF16), units with SI
+    prefixes (``1e12 B/s`` → ``TB/s``)."""
+    from .hardware import NUMERIC_FIELDS
+    fields = {"bf16_tflops": NUMERIC_FIELDS["bf16_tflops"],
+              "fp16_tflops": NUMERIC_FIELDS["bf16_tflops"], **NUMERIC_FIELDS}
+    out = {}
+    for f, unit in fields.items():
+        for power, prefix in PREFIXES.items():
+            unit = unit.replace(power, prefix)
+        out[f] = unit
+    return out
 
 
 def gpu_rows(gpus) -> list[dict]:
@@ -46,11 +60,11 @@ def show_text(name: str) -> str:
     lines = [f"{g.name}: {g.display_name}"]
     if g.aliases:
         lines.append(f"  aliases: {', '.join(g.aliases)}")
-    for f, unit in UNITS.items():
+    for f, unit in shown_fields().items():
         v = getattr(g, f)
         shown = f"{v:g} {unit}" if v else "- (absent: runs at the BF16 peak)"
         lines.append(f"  {f}: {shown}")
-    lines.append(f"  interconnect: {g.interconnect}")
+    lines.append(f"  interconnect: {g.interconnect} (link bandwidth per GPU, one direction)")
     lines.append(f"  balance point (BF16 / HBM): {g.balance_flops_per_byte:.1f} FLOP/byte")
     lines.append(f"  datasheet sha256: {g.sha256()}")
     lines.append("  sources:")

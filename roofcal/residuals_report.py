@@ -9,7 +9,6 @@ Everything is computed before anything is written; each file is written atomical
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,27 +262,20 @@ def _header(c, b, m, df, notes) -> list[str]:
     lines += [f"- note: {n}" for n in notes]
     return lines
 
-def csv_bytes(df: pd.DataFrame) -> bytes:
-    """CSV of ``df`` by Arrow's C++ writer (fast for 10⁵ rows): floats in shortest round-trip form,
-    strings quoted, missing values empty; equal frames give equal bytes."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    buf = io.BytesIO()
-    pacsv.write_csv(pa.Table.from_pandas(df, preserve_index=False), buf)
-    return buf.getvalue()
-
 def write_report(res: Residuals, out_dir) -> list[Path]:
-    """Write the CSVs, summary and plots into ``out_dir`` (each atomically); returns the paths."""
-    from .io import write_bytes_atomic, write_text_atomic
+    """Write the CSVs (as every roofcal CSV: :func:`roofcal.io.write_csv_atomic`), summary and
+    plots into ``out_dir``, each atomically; returns the paths."""
+    from .io import write_bytes_atomic, write_csv_atomic, write_text_atomic
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise RoofcalError(f"{out}: exists and is not a folder")
-    files = [(out / "residuals.csv", csv_bytes(res.table)),
-             (out / "attribution.csv", csv_bytes(res.attribution))]
+    files = [(out / "residuals.csv", res.table), (out / "attribution.csv", res.attribution)]
     files += [(out / name, data) for name, data in res.plots.items()]
     files.append((out / "summary.md", res.summary))
     for path, content in files:
-        if isinstance(content, bytes):
+        if isinstance(content, pd.DataFrame):
+            write_csv_atomic(content, path)
+        elif isinstance(content, bytes):
             write_bytes_atomic(path, content)
         else:
             write_text_atomic(path, content)

@@ -6,25 +6,27 @@
 * :func:`learning_curve`: per kernel kind/variant of the new GPU, hold out 20 % of the rows
   (seeded), then refit on 30, 100, 300 and 1000 rows drawn at random (seeded) from the rest with
   priors centred on the bootstrapped file (strength κ pseudo-rows), and report held-out MAPE (%).
-  Each point is one L-BFGS run from the bootstrapped values; rows are padded to one size per kind,
-  so every point of a kind reuses one compiled program.
+  Each point is one ``roofcal fit --prior`` of the kernels (its L-BFGS iterations, from the
+  bootstrapped values); rows are padded to one size per kind, so every point of a kind reuses one
+  compiled program.
 * :func:`report`: both, as (title, Markdown table) pairs for ``roofcal bench``.
 
 Everything is deterministic for a given seed.
 
 Prior strength of few-shot refits, A100 from the H100 fit (rule ``sm``), held-out per-op MAPE %
 averaged over the 7 A100 kinds/variants and over seeds 0, 1, 2 (``κ`` in pseudo-rows; ``3/0.3``
-= surface terms 3, intercepts/latency/sharpness 0.3; "no prior" = ``roofcal fit`` from scratch):
+= surface terms 3, intercepts/latency/sharpness 0.3; "no prior" = ``roofcal fit`` from scratch;
+400 L-BFGS iterations per degree stage, as ``roofcal fit``):
 
 =========  =====  =====  =====  =====  =====  =====  ========
 rows       0.1    0.3    1      3      10     3/0.3  no prior
 =========  =====  =====  =====  =====  =====  =====  ========
 0 (zero)   20.5   20.5   20.5   20.5   20.5   20.5   —
-30         97.4   18.1   16.0   15.5   16.0   14.3   2389
-100        18.8   13.0   11.8   12.2   13.4   11.7   47.7
-300        10.0    9.9   10.4   11.0   12.2   10.6   8.9
-1000        9.1    9.4    9.8   10.5   12.0   10.1   7.2
-mean       33.9   12.6   12.0   12.3   13.4   11.7   —
+30         135.0  18.1   16.0   15.5   16.0   14.3   37652
+100        20.7   13.2   11.8   12.2   13.4   11.7   31.2
+300         9.7    9.8   10.4   11.0   12.2   10.6   9.0
+1000        8.7    9.1    9.7   10.5   12.0   10.1   7.2
+mean       43.5   12.6   12.0   12.3   13.4   11.7   —
 =========  =====  =====  =====  =====  =====  =====  ========
 
 κ = 1 (``--prior-weight 1``) is the best single weight over 30–1000 rows (κ ≤ 0.1 lets 30 rows
@@ -40,16 +42,15 @@ import numpy as np
 import pandas as pd
 
 from . import correction as K
+from . import datasets
 from .bootstrap import DEFAULT_RULE, RULES, bootstrap
 from .coeffs import Coefficients, roundtrip
-from .fit import FEW_SHOT_KAPPA
+from .fit import FEW_SHOT_KAPPA, FitSettings, fit_kernels, kernel_data, split_rows
 from .hardware import GPUSpec, load_gpu
 from .ops import groups, mape, predict_table
 from .report import table
 
 SIZES = (30, 100, 300, 1000)
-KAPPAS = (0.01, 0.1, 1.0, 10.0, 100.0)
-FEW_SHOT_ITERS = 200
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,7 +58,6 @@ FEW_SHOT_ITERS = 200
 
 def microbench_table(gpu: str) -> pd.DataFrame:
     """All bundled per-op rows of a GPU (vLLM kernels and NCCL)."""
-    from . import datasets
     paths = [p for p in datasets.bundled_paths(gpu) if "microbench" in str(p)]
     return datasets.load(paths, gpu=gpu).ops.reset_index(drop=True)
 
@@ -94,21 +94,8 @@ def zero_shot(ref: Coefficients, new_own: Coefficients | None, ref_gpu: GPUSpec,
 # --------------------------------------------------------------------------------------------
 # few shot
 
-def _pad(d, size: int):
-    """A KernelData padded (weight 0) to ``size`` rows, so every sample size shares one program."""
-    import jax.numpy as jnp
-    from .fit import KernelData
-    pad = size - int(d.feats.shape[0])
-    if pad <= 0:
-        return d
-    grow = lambda a, v: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1), constant_values=v)
-    return KernelData(d.kind, grow(d.feats, 0.0), grow(d.tc, 1.0), grow(d.tm, 1.0),
-                      grow(d.y, 1.0), grow(d.train, 0.0), d.lo, d.hi, d.index)
-
-
 def heldout_split(table_: pd.DataFrame, seed: int) -> np.ndarray:
     """The 20 % held-out mask, stratified by kind/variant (as :func:`roofcal.fit.split_rows`)."""
-    from .fit import split_rows
     return split_rows((table_["op"] + "/" + table_["dtype"]).to_numpy(), 0.2, seed)
 
 
@@ -123,22 +110,30 @@ def sample_rows(table_: pd.DataFrame, pool: np.ndarray, n: int, seed: int) -> di
 
 
 def refit(table_: pd.DataFrame, rows: dict, prior: Coefficients | None, gpu: GPUSpec, kappa: float,
-          iters: int = FEW_SHOT_ITERS, size: int = max(SIZES)) -> dict:
+          iters: int = FitSettings.kernel_iters, size: int = max(SIZES)) -> dict:
     """Raw params after fitting each kind/variant on its ``rows`` with priors centred on ``prior``
-    (κ = ``kappa`` pseudo-rows, or (surface terms, scalars)), as ``roofcal fit --prior`` does; without a prior, from scratch
-    with the default physical prior."""
-    from .fit import FitSettings, fit_kernels, kernel_data
+    (κ = ``kappa`` pseudo-rows, or (surface terms, scalars)) and ``iters`` L-BFGS iterations per
+    degree stage, as ``roofcal fit --prior`` does; without a prior, from scratch with the default
+    physical prior.
+
+    Each kind/variant's rows are topped up to ``size`` with copies of its first row, held out
+    (weight 0), so :func:`roofcal.fit.kernel_data` pads nothing more and every sample size of a
+    kind shares one compiled objective.
+    """
     terms, scalars = kappa if isinstance(kappa, tuple) else (kappa, kappa)
     settings = FitSettings(kernel_iters=iters, prior_terms=terms, prior_scalars=scalars,
                            progress=False)
     prior_ops = dict(prior.params["ops"]) if prior is not None else {}
-    out = dict(prior_ops)
-    for key, idx in rows.items():
-        sub = table_.iloc[idx].reset_index(drop=True)
-        data = {k: _pad(d, size) for k, d in
-                kernel_data(sub, gpu, np.zeros(len(sub), bool), settings).items()}
-        out.update(fit_kernels(data, settings, prior=prior_ops, init=prior_ops or None))
-    return out
+    take, held = [], []
+    for idx in (i for i in rows.values() if len(i)):
+        fill = max(0, size - len(idx))
+        take.append(np.concatenate([idx, np.repeat(idx[:1], fill)]).astype(int))
+        held.append(np.arange(len(idx) + fill) >= len(idx))
+    if not take:
+        return prior_ops
+    sub = table_.iloc[np.concatenate(take)].reset_index(drop=True)
+    data = kernel_data(sub, gpu, np.concatenate(held), settings)
+    return {**prior_ops, **fit_kernels(data, settings, prior=prior_ops, init=prior_ops or None)}
 
 
 def learning_curve(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
@@ -190,8 +185,10 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
          markdown(zero_shot(h100, a100, H, A, a_tab), "method")),
         ("Zero-shot transfer: H100 from the A100 fit (per-op MAPE % on all H100 rows; variants "
          "the A100 lacks fall back to bf16)", markdown(zero_shot(a100, h100, A, H, h_tab), "method")),
-        (f"Few-shot learning curve: held-out A100 per-op MAPE % (prior: bootstrap '{DEFAULT_RULE}' "
-         f"from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows; 'no prior' = fit from scratch; the "
+        (f"Few-shot learning curve: held-out A100 per-op MAPE % (roofcal fit --prior: bootstrap "
+         f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, "
+         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from "
+         f"scratch; the "
          f"all-reduce tables have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),
     ]

@@ -10,15 +10,21 @@ with the bootstrapped coefficients.
 
 Sensitivity of a step time ``t`` to a field ``f`` is the elasticity ``∂ log t / ∂ log f`` (forward
 mode JAX): −0.92 for ``hbm_bandwidth_tbs`` means 1 % more bandwidth makes the step 0.92 % faster,
-i.e. the step is "0.92 bandwidth-bound". Step time is kernels at rates plus fixed costs (latencies,
-overheads), and the kernel part is homogeneous of degree −1 in the rates, so the rate elasticities
-sum to −(1 − fixed share). Per phase, the elasticity of the phase's total time is the
-time-weighted mean of its steps'. Fields the time model does not read (``hbm_capacity_gib``) and
-peaks the GPU lacks (``fp8_tflops`` = 0: FP8 runs at the BF16 peak) have elasticity 0.
+i.e. the step is "0.92 bandwidth-bound". Per phase, the elasticity of the phase's total time is
+the time-weighted mean of its steps'. Fields the time model does not read (``hbm_capacity_gib``)
+and peaks the GPU lacks (``fp8_tflops`` = 0: FP8 runs at the BF16 peak) have elasticity 0.
+
+The *fixed share* is the part of the step time that is latencies and overheads, computed directly
+(:func:`fixed_time`). Only where nothing else responds to a common scaling of every peak and
+bandwidth do the rate elasticities sum to −(1 − fixed share): the efficiency surfaces must stay
+put (``--fixed-efficiency``, or rules ``shape``, ``balance``, ``sm`` and ``balance_sm``, which read
+only ratios of rates and the SM count; rule ``duration`` moves them with every rate), and the
+prefill–decode attention mix must be a sum (mix sharpness 1; the bundled fits have 1.0–1.001).
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -27,13 +33,13 @@ import numpy as np
 import pandas as pd
 
 from . import correction as K
-from .bootstrap import DEFAULT_RULE, op_rates, shifts
+from .bootstrap import DEFAULT_RULE, op_rates, shifted_range, shifts
 from .components import ideal_times
 from .config import ModelSpec
 from .decompose import step_ops
 from .errors import RoofcalError
 from .hardware import NUMERIC_FIELDS, GPUSpec
-from .model import combine
+from .model import OVERHEAD, combine, kernel_times
 from .steps import StepBatch, step_totals
 
 #: datasheet numbers the time model reads, traced in :func:`step_times`
@@ -41,8 +47,8 @@ RATE_FIELDS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "hbm_ban
                "interconnect_bandwidth_gbs", "sm_count")
 #: fields reported (the what-if fields of the datasheet schema)
 FIELDS = tuple(NUMERIC_FIELDS)
-_PEAK_FIELD = {"fp8": "fp8_tflops", "fp8_block": "fp8_tflops", "int8": "int8_tops",
-               "fp16": "fp16_tflops"}
+#: output of :func:`step_times` that is not part of :func:`roofcal.model.combine`'s breakdown
+FIXED = "fixed"
 
 
 def theta_of(gpu: GPUSpec) -> dict:
@@ -50,70 +56,83 @@ def theta_of(gpu: GPUSpec) -> dict:
     return {f: jnp.asarray(float(getattr(gpu, f)) or 1.0, jnp.float32) for f in RATE_FIELDS}
 
 
-def rates(theta: dict, gpu: GPUSpec, kind: str, variant: str) -> tuple:
-    """(peak FLOP/µs, bytes/µs, SMs) bounding a kernel, from traced ``theta``; which peak applies
-    (and the BF16 fallback) follows ``gpu`` as in :func:`roofcal.model.op_peak_and_bandwidth`."""
-    dtype = variant if kind in ("gemm", "moe") else "bf16"
-    field = _PEAK_FIELD.get(dtype)
-    peak_field = field if field and getattr(gpu, field) else "bf16_tflops"
-    bw = theta["interconnect_bandwidth_gbs"] * 1e3 if K.OP_KINDS[kind].link \
-        else theta["hbm_bandwidth_tbs"] * 1e6
-    return theta[peak_field] * 1e6, bw, theta["sm_count"]
-
-
-def op_time(p: dict, kind: str, work, new: tuple, ref: tuple, rule: str | None):
-    """Corrected time (µs) of calls with ``work`` at rates ``new``, with coefficients fitted at
-    ``ref`` and carried by ``rule`` (None: surfaces fixed in shape)."""
+def op_time(p: dict, kind: str, work, new: tuple, ref: tuple, rule: str):
+    """Corrected time (µs) of calls with ``work`` at rates ``new`` (peak FLOP/µs, bytes/µs, SMs),
+    with coefficients fitted at ``ref`` and their surfaces carried by bootstrap ``rule``: the
+    surfaces and clamp of :func:`roofcal.bootstrap.shift_op`, evaluated without re-expanding the
+    polynomials (so the derivatives through the clamp are exact)."""
     tc, tm = ideal_times(work, new[0], new[1])
     z = K.standardize(kind, work.shape)
-    if rule is None:
-        ec, em = K.efficiencies_z(p, z)
-        return K._corrected(p, ec, em, tc, tm)
     dc, dm = shifts(rule, kind, ref, new)
-    scale = jnp.asarray(K.OP_KINDS[kind].scale, jnp.float32)
-    zc, zm = dc / scale, dm / scale
-    lo, hi = jax.lax.stop_gradient(p["lo"]), jax.lax.stop_gradient(p["hi"])
-    u = jnp.clip(z + zm, lo, hi) - zm                 # the bootstrapped file's clamp (see bootstrap)
+    zc, zm, lo, hi = shifted_range(kind, jax.lax.stop_gradient(p["lo"]),
+                                   jax.lax.stop_gradient(p["hi"]), dc, dm, jnp)
+    u = jnp.clip(z, lo, hi)                           # the bootstrapped file's clamp
     deg = K.degree_of(z.shape[-1], p["eff_c"].shape[0])
     free = jnp.full(z.shape[-1], 1e30, jnp.float32)
     fm = K.features(u + zm, -free, free, deg)
-    fc = fm if rule != "duration" else K.features(u + zc, -free, free, deg)   # dc = dm
+    fc = fm if rule != "duration" else K.features(u + zc, -free, free, deg)   # else zc = zm
     ec, em = jax.nn.sigmoid(fc @ p["eff_c"]), jax.nn.sigmoid(fm @ p["eff_m"])
     return K._corrected(p, ec, em, tc, tm)
+
+
+def fixed_time(params: dict, calls: dict, kernels: dict, out: dict):
+    """µs of each step that no rate moves: the overheads, and each kernel's latencies as their
+    share of the kernel's time before the step level, carried through its step-level scale."""
+    fixed = out[OVERHEAD]
+    for name, call in calls.items():
+        _, p = K.lookup(params["ops"], call.kind, call.variant)
+        k = kernels[name]
+        lat = call.count * jnp.exp(p["latency"])
+        fixed = fixed + jnp.where(k > 0, lat / jnp.maximum(k, 1e-30), 0.0) * out[name]
+    return fixed
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "ref", "tp", "rule"))
 def step_times(params: dict, theta: dict, model: ModelSpec, gpu: GPUSpec, ref: GPUSpec, tp: int,
                batch: StepBatch, rule: str | None = DEFAULT_RULE) -> dict:
-    """:func:`roofcal.model.step_breakdown` with datasheet numbers ``theta`` traced.
+    """:func:`roofcal.model.step_breakdown` with datasheet numbers ``theta`` traced, plus ``fixed``
+    (µs of the step no rate moves, :func:`fixed_time`).
 
     ``gpu`` decides which peak each dtype uses; ``ref`` is the GPU the coefficients were fitted
     for. With ``theta = theta_of(ref)`` and ``gpu = ref`` this equals ``step_breakdown``.
+    ``rule`` None keeps the surfaces fixed in shape (the model's own kernel times).
     """
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
-    out = {}
-    for name, call in calls.items():
-        _, p = K.lookup(params["ops"], call.kind, call.variant)
-        r = op_rates(ref, call.kind, call.variant)
-        new = rates(theta, gpu, call.kind, call.variant)
-        out[name] = call.count * op_time(p, call.kind, call.work, new, r, rule)
-    return combine(params["step"], model, tp, t, out)
+    rates = {name: op_rates(gpu, c.kind, c.variant, theta) for name, c in calls.items()}
+    if rule is None:
+        ideal = {name: ideal_times(c.work, *rates[name][:2]) for name, c in calls.items()}
+        kernels = kernel_times(params, calls, ideal)
+    else:
+        kernels = {name: c.count * op_time(K.lookup(params["ops"], c.kind, c.variant)[1], c.kind,
+                                           c.work, rates[name], op_rates(ref, c.kind, c.variant),
+                                           rule)
+                   for name, c in calls.items()}
+    out = combine(params["step"], model, tp, t, kernels)
+    out[FIXED] = fixed_time(params, calls, kernels, out)
+    return out
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "tp", "rule"))
+def sensitivity(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch,
+                rule: str | None = DEFAULT_RULE) -> tuple[dict, dict]:
+    """(:func:`step_times` at ``gpu``'s own datasheet, {field: ∂ log t / ∂ log field} per step,
+    shape (S,)), in one forward-mode pass."""
+    theta = theta_of(gpu)
+
+    def log_total(v):                                  # v: log of each field's relative change
+        out = step_times(params, {f: theta[f] * jnp.exp(v[f]) for f in theta}, model, gpu, gpu,
+                         tp, batch, rule)
+        return jnp.log(jnp.maximum(out["total"], 1e-30)), out
+
+    jac, out = jax.jacfwd(log_total, has_aux=True)({f: jnp.zeros((), jnp.float32) for f in theta})
+    return out, {f: jnp.where(getattr(gpu, f) > 0, jac[f], 0.0) for f in RATE_FIELDS}
+
+
 def elasticities(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch,
                  rule: str | None = DEFAULT_RULE) -> dict:
     """{field: ∂ log t / ∂ log field} per step, shape (S,), at ``gpu``'s own datasheet."""
-    log_theta = {f: jnp.log(v) for f, v in theta_of(gpu).items()}
-
-    def log_total(lt):
-        th = {f: jnp.exp(v) for f, v in lt.items()}
-        return jnp.log(jnp.maximum(step_times(params, th, model, gpu, gpu, tp, batch, rule)["total"],
-                                   1e-30))
-
-    jac = jax.jacfwd(log_total)(log_theta)
-    return {f: jnp.where(getattr(gpu, f) > 0, jac[f], 0.0) for f in RATE_FIELDS}
+    return sensitivity(params, model, gpu, tp, batch, rule)[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,6 +151,8 @@ def parse_changes(items) -> dict:
             v = float(value)
         except ValueError:
             raise RoofcalError(f"--set: field '{key}' needs a number, got {value!r}")
+        if not math.isfinite(v):
+            raise RoofcalError(f"--set: field '{key}' must be a finite number, got {value!r}")
         if key == "sm_count":
             if v != int(v):
                 raise RoofcalError(f"--set: field 'sm_count' must be an integer, got {value!r}")
@@ -142,24 +163,26 @@ def parse_changes(items) -> dict:
 
 def whatif_batch(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch,
                  changes: dict, rule: str | None = DEFAULT_RULE) -> pd.DataFrame:
-    """Per step: ``before_us``, ``after_us`` (datasheet with ``changes``) and one ``d_<field>``
-    column per field (∂ log t / ∂ log field at the unchanged datasheet)."""
+    """Per step: ``before_us``, ``after_us`` (datasheet with ``changes``, validated as a datasheet
+    file), one ``d_<field>`` column per field (∂ log t / ∂ log field at the unchanged datasheet)
+    and ``fixed_share`` (the share of ``before_us`` no rate moves: latencies and overheads)."""
     new = gpu.replace(**changes) if changes else gpu
-    before = step_times(params, theta_of(gpu), model, gpu, gpu, tp, batch, rule)["total"]
+    out, el = sensitivity(params, model, gpu, tp, batch, rule)
     after = step_times(params, theta_of(new), model, new, gpu, tp, batch, rule)["total"]
-    el = elasticities(params, model, gpu, tp, batch, rule)
-    df = pd.DataFrame({"before_us": np.asarray(before, np.float64),
-                       "after_us": np.asarray(after, np.float64)})
+    before = np.asarray(out["total"], np.float64)
+    df = pd.DataFrame({"before_us": before, "after_us": np.asarray(after, np.float64)})
     for f in FIELDS:
         df[f"d_{f}"] = np.asarray(el[f], np.float64) if f in el else 0.0
+    df["fixed_share"] = np.where(before > 0, np.asarray(out[FIXED], np.float64)
+                                 / np.maximum(before, 1e-30), 0.0)
     return df
 
 
 def whatif(steps, coeffs=None, model=None, gpu=None, tp: int | None = None, changes=None,
            rule: str | None = DEFAULT_RULE) -> pd.DataFrame:
     """``roofcal whatif``: one row per step (input order): step, phase, model, gpu, tp, before_us,
-    after_us, change_pct and ``d_<field>`` elasticities. ``steps``/``model``/``gpu``/``tp``/
-    ``coeffs`` as in :func:`roofcal.predict.predict`; ``changes`` {field: value}."""
+    after_us, change_pct, ``d_<field>`` elasticities and fixed_share. ``steps``/``model``/``gpu``/
+    ``tp``/``coeffs`` as in :func:`roofcal.predict.predict`; ``changes`` {field: value}."""
     from .predict import per_deployment
     df = per_deployment(steps, model, gpu, tp, coeffs,
                         lambda c, spec, gspec, t, batch, recs:
@@ -171,8 +194,8 @@ def whatif(steps, coeffs=None, model=None, gpu=None, tp: int | None = None, chan
 
 
 def by_phase(df: pd.DataFrame) -> pd.DataFrame:
-    """Per phase: steps, mean before/after µs, change % of the total, and the elasticities of
-    the phase's total time (time-weighted means), plus the fixed share 1 + Σ rate elasticities."""
+    """Per phase: steps, mean before/after µs, change % of the total, the elasticities of the
+    phase's total time and its fixed share (latencies and overheads; time-weighted means)."""
     rows = []
     for phase, g in df.groupby("phase", sort=True):
         w = g["before_us"].to_numpy()
@@ -182,7 +205,7 @@ def by_phase(df: pd.DataFrame) -> pd.DataFrame:
                if w.sum() > 0 else 0.0}
         for f in FIELDS:
             row[f"d_{f}"] = float(np.sum(w * g[f"d_{f}"].to_numpy()) / max(w.sum(), 1e-30))
-        row["fixed_share"] = 1.0 + sum(row[f"d_{f}"] for f in FIELDS if f != "sm_count")
+        row["fixed_share"] = float(np.sum(w * g["fixed_share"].to_numpy()) / max(w.sum(), 1e-30))
         rows.append(row)
     return pd.DataFrame(rows)
 

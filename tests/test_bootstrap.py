@@ -177,3 +177,62 @@ def test_few_shot_refit_moves_only_as_far_as_the_data_supports():
     for key in ("allreduce/custom", "allreduce/custom_eager"):
         assert abs(stiff[key] - zero[key]) < 1.0, key
     assert few["allreduce/custom_eager"] < 0.5 * zero["allreduce/custom_eager"], (few, zero)
+
+
+def test_rates_are_the_models_for_every_gpu_kind_and_variant():
+    from roofcal.bootstrap import op_rates
+    from roofcal.hardware import bundled_gpus
+    from roofcal.model import op_peak_and_bandwidth
+    from roofcal.ops import DTYPES
+    for gpu in bundled_gpus():
+        for kind, variants in DTYPES.items():
+            for variant in variants + ("int8", "fp16"):
+                peak, bw = op_peak_and_bandwidth(gpu, kind, variant)
+                assert op_rates(gpu, kind, variant) == (peak, bw, gpu.sm_count), (gpu.name, kind,
+                                                                                   variant)
+
+
+@pytest.mark.parametrize("rule", ["sm", "duration"])
+def test_range_shifted_below_shape_zero_reads_the_reference_at_its_upper_bound(rule):
+    # a GEMM surface fitted on a narrow range of m and n near shape 0, carried to a GPU with 1/16
+    # of the SMs and bandwidth: the whole shifted range lies below shape 0, so every shape reads
+    # the reference at its upper bound; the file, the what-if and the definition agree
+    from roofcal import whatif as W
+    from roofcal.bootstrap import op_rates
+    from roofcal.components import ideal_times
+    from roofcal.ops import row_work
+    k = K.OP_KINDS["gemm"]
+    floor = -np.asarray(k.center, np.float32) / np.asarray(k.scale, np.float32)
+    p = dict(REF.params["ops"]["gemm/bf16"])
+    p["lo"] = jnp.asarray(np.asarray(p["lo"]), jnp.float32).at[:2].set(floor[:2] + 0.05)
+    p["hi"] = jnp.asarray(np.asarray(p["hi"]), jnp.float32).at[:2].set(floor[:2] + 0.1)
+    ref = coeff_io.Coefficients(**{**REF.__dict__, "params": {**REF.params, "ops": {"gemm/bf16": p}}})
+    small = H100.replace(sm_count=H100.sm_count // 16,
+                         hbm_bandwidth_tbs=H100.hbm_bandwidth_tbs / 16)
+    boot = coeff_io.roundtrip(bootstrap(ref, H100, small, rule)).params["ops"]["gemm/bf16"]
+    assert np.all(np.asarray(boot["lo"]) <= np.asarray(boot["hi"]))
+    m, n, kk = np.array([1.0, 64.0, 4096.0]), np.array([4096.0, 1024.0, 8192.0]), np.full(3, 4096.0)
+    work = row_work("gemm", "bf16", {"m": m, "n": n, "k": kk})
+    new = op_rates(small, "gemm", "bf16")
+    tc, tm = ideal_times(work, new[0], new[1])
+    from_file = np.asarray(K.op_time(boot, "gemm", work.shape, tc, tm))
+    whatif = np.asarray(W.op_time(p, "gemm", work, new, op_rates(H100, "gemm", "bf16"), rule))
+    np.testing.assert_allclose(from_file, whatif, rtol=1e-4)
+    if rule == "sm":                   # eff_new(x) = eff_ref(x·2^Δ), Δ = log2(SM_ref/SM_new)/2
+        r = (H100.sm_count / small.sm_count) ** 0.5
+        e_ref = K.efficiencies(p, "gemm", (r * (1 + m) - 1, r * (1 + n) - 1, kk))
+        for a, b in zip(K.efficiencies(boot, "gemm", (m, n, kk)), e_ref):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4)
+
+
+def test_bootstrap_file_returns_what_it_wrote(tmp_path):
+    from roofcal.bootstrap import bootstrap_file
+    out = tmp_path / "a100.yaml"
+    c = bootstrap_file("coeffs/h100_sxm.yaml", "a100", out)
+    back = coeff_io.load(out, A100)
+    assert c.source == str(out) and c.gpu == back.gpu and c.notes == back.notes
+    assert coeff_io.to_yaml(c) == out.read_text(encoding="utf-8")
+    for key in back.params["ops"]:
+        for leaf in back.params["ops"][key]:
+            np.testing.assert_array_equal(np.asarray(c.params["ops"][key][leaf]),
+                                          np.asarray(back.params["ops"][key][leaf]))

@@ -331,6 +331,43 @@ def test_blis_reader_refuses_bad_files(tmp_path):
     assert read_blis_coeffs(p).beta == (1, 0, 1, 1, 0, 0, 0)
 
 
+def test_blis_terms_follow_the_fit_basis_order():
+    from roofcal.blis.fit import BETA_BASIS
+    assert sorted(i for _, _, i, _ in BLIS_TERMS) == list(range(len(BETA_BASIS)))
+    assert all(BETA_BASIS[i] == term for _, _, i, term in BLIS_TERMS)
+
+
+def test_blis_reader_is_strict_like_the_export(tmp_path):
+    p = tmp_path / "b.yaml"
+    p.write_text("blis:\n  beta_coeffs: [1, 0, 1, 1, 0, 0, 0]\n  beta_coeffs: [2, 0, 1, 1, 0, 0, 0]\n")
+    with pytest.raises(RoofcalError, match="b.yaml: duplicate key 'beta_coeffs' at line 3"):
+        read_blis_coeffs(p)
+    p.write_text("blis:\n  beta_coeffs: [1, 0, 1, true, 0, 0, 0]\n")
+    with pytest.raises(RoofcalError, match=r"field 'blis.beta_coeffs'\[3\]: expected a number"):
+        read_blis_coeffs(p)
+    with pytest.raises(RoofcalError, match="no such BLIS coefficient file"):
+        read_blis_coeffs(tmp_path / "missing.yaml")
+
+
+def test_blis_mode_reads_non_bundled_model_configs(tmp_path, steps_subset):
+    import shutil
+    from roofcal.stepdata import read_step_jsonl
+    cfg = tmp_path / "my-llama-70b" / "config.json"
+    cfg.parent.mkdir()
+    shutil.copyfile(resources.MODEL_CONFIGS / "llama-2-70b-hf" / "config.json", cfg)
+    d = steps_subset[0]
+    b = d.batch
+    steps = [Step(prefill=((int(b.prefill_new[i, 0]), 0),) * int(b.prefill_mask[i, 0]),
+                  decode=(int(np.rint(b.decode_ctx[i, 0])),) * int(b.decode_mask[i, 0]),
+                  duration_us=float(d.measured_us[i])) for i in range(len(d))]
+    (tmp_path / "s.jsonl").write_text(write_steps_text(steps), encoding="utf-8")
+    own = read_step_jsonl(tmp_path / "s.jsonl", model=str(cfg), gpu="h100_sxm", tp=d.tp)
+    got = residuals(None, Measurements(steps=own), None, blis=BLIS_DEFAULTS, plots=False).table
+    want = residuals(None, Measurements(steps=[d]), None, blis=BLIS_DEFAULTS, plots=False).table
+    assert (got["model"] == "my-llama-70b").all()
+    assert np.array_equal(got["predicted_us"].to_numpy(), want["predicted_us"].to_numpy())
+
+
 def test_blis_form_file_brings_its_hardware_entry(tmp_path, steps_subset):
     p = tmp_path / "form.yaml"
     p.write_text("schema: roofcal-blis/1\nroofcal_version: 0.1.0\n"
@@ -404,3 +441,23 @@ def test_api_returns_everything_without_writing(coeffs, ops_subset):
     res = residuals(coeffs, Measurements(ops=ops_subset.iloc[::5]), None, plots=False)
     assert isinstance(res, Residuals) and res.files == [] and res.plots == {}
     assert "## Attribution" in res.summary and len(res.table) == len(ops_subset.iloc[::5])
+
+
+def test_csvs_follow_the_convention_of_every_roofcal_csv(report):
+    # residuals.csv and attribution.csv as roofcal.io.write_csv_atomic writes any table
+    res, out = report
+    for name, df in (("residuals.csv", res.table), ("attribution.csv", res.attribution)):
+        text = (out / name).read_text(encoding="utf-8")
+        assert text == df.to_csv(index=False, float_format="%.10g", lineterminator="\n"), name
+        back = pd.read_csv(out / name, low_memory=False)
+        assert list(back.columns) == list(df.columns) and len(back) == len(df)
+    back = pd.read_csv(out / "residuals.csv", low_memory=False)
+    np.testing.assert_allclose(back["predicted_us"], res.table["predicted_us"], rtol=1e-9)
+
+
+def test_heatmap_panels_are_steps_and_attention_kernels_only(report):
+    # only rows with both a batch and a context bucket have a heat map: GEMM and MoE kernels
+    # have no context, so every panel counts sequences
+    res, _ = report
+    titles = [t for t, _ in plots.heat_panels(res.table)]
+    assert titles and all(t.endswith(" steps") or t.startswith("attn_") for t in titles), titles

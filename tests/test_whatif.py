@@ -122,3 +122,61 @@ def test_cli(tmp_path, capsys):
     assert main(args[:-3] + ["fp8_tflops=5000"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "sparsity" in err
+
+
+def test_impossible_values_are_refused_in_one_line(tmp_path, capsys):
+    for bad in ("sm_count=inf", "sm_count=nan", "hbm_bandwidth_tbs=nan", "fp8_tflops=-inf"):
+        field = bad.split("=")[0]
+        with pytest.raises(RoofcalError, match=f"field '{field}' must be a finite number"):
+            W.parse_changes([bad])
+    # finite but impossible values are refused by the datasheet's own checks
+    for change in ({"fp8_tflops": -5.0}, {"hbm_bandwidth_tbs": 0.0}, {"sm_count": -4}):
+        field = next(iter(change))
+        with pytest.raises(RoofcalError, match=f"field '{field}' must be"):
+            W.whatif(STEPS[:1], coeffs=FITTED, model="llama-2-7b-hf", gpu="h100_sxm", tp=2,
+                     changes=change)
+    steps = tmp_path / "s.jsonl"
+    steps.write_text(json.dumps(STEPS[0].to_json()) + "\n")
+    base = ["whatif", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm", "--tp", "2", "--steps",
+            str(steps), "--set"]
+    for bad in ("sm_count=inf", "fp8_tflops=-5", "fp8_tflops=nan"):
+        assert main(base + [bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and bad.split("=")[0] in err, err
+    with pytest.raises(RoofcalError, match="unknown bootstrap rule 'magic'"):
+        W.whatif(STEPS[:1], coeffs=FITTED, model="llama-2-7b-hf", gpu="h100_sxm", tp=2,
+                 rule="magic")
+
+
+def test_fixed_share_is_latencies_and_overheads_whatever_the_rule():
+    df = {rule: W.whatif(STEPS, coeffs=FITTED, model="llama-2-7b-hf", gpu="h100_sxm", tp=2,
+                         rule=rule) for rule in ("sm", "duration", None)}
+    share = df["sm"]["fixed_share"].to_numpy()
+    assert ((share > 0) & (share < 1)).all()
+    for rule, d in df.items():
+        np.testing.assert_allclose(d["fixed_share"], share, rtol=1e-6, err_msg=str(rule))
+    # where the surfaces ignore a common scaling of the rates, Σ rate elasticities = −(1 − share);
+    # rule 'duration' moves the surfaces with every rate, so there the sum is not the share
+    rate_sum = lambda d: sum(d[f"d_{f}"] for f in W.FIELDS if f != "sm_count").to_numpy()
+    for rule in ("sm", None):
+        np.testing.assert_allclose(1 + rate_sum(df[rule]), share, atol=2e-3, err_msg=str(rule))
+    assert np.max(np.abs(1 + rate_sum(df["duration"]) - share)) > 0.01
+    # the per-phase share is the time-weighted mean of the steps'
+    ph = W.by_phase(df["sm"]).set_index("phase")
+    g = df["sm"][df["sm"].phase == "decode"]
+    assert ph.loc["decode", "fixed_share"] == pytest.approx(
+        float(np.sum(g.before_us * g.fixed_share) / g.before_us.sum()))
+    # the neutral roofline has no latencies or overheads
+    neutral = W.whatif_batch(neutralised(FITTED.params), L7, H100, 2, BATCH, {})
+    assert np.all(neutral["fixed_share"].to_numpy() < 1e-3)
+
+
+def test_before_comes_from_the_same_pass_as_the_elasticities():
+    out, el = W.sensitivity(FITTED.params, L7, H100, 2, BATCH, "sm")
+    np.testing.assert_allclose(np.asarray(out["total"]), totals(FITTED.params, W.theta_of(H100)),
+                               rtol=1e-6)
+    df = W.whatif_batch(FITTED.params, L7, H100, 2, BATCH, {})
+    np.testing.assert_array_equal(df["before_us"].to_numpy(), np.asarray(out["total"], np.float64))
+    np.testing.assert_allclose(df["after_us"], df["before_us"], rtol=1e-6)   # no change
+    for f in RATES:
+        np.testing.assert_array_equal(df[f"d_{f}"], np.asarray(el[f], np.float64))
