@@ -74,6 +74,8 @@ from . import correction as K
 from .coeffs import Coefficients
 from .errors import RoofcalError
 from .hardware import GPUSpec
+from .hardware.datasheet import PER_US
+from .model import op_rate_fields
 
 RULES = ("shape", "balance", "sm", "balance_sm", "duration")
 DEFAULT_RULE = "sm"
@@ -83,12 +85,6 @@ INTENSITY = {"gemm": "m", "attn_prefill": "seq_len", "moe": "tokens"}
 #: descriptors whose product sets the CTA grid of a kernel
 GRID = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "heads"), "attn_decode": ("seqs", "kv_heads"),
         "moe": ("tokens",), "elementwise": ("tokens",)}
-#: GEMM/MoE weight dtypes with a datasheet peak of their own (any other runs at the BF16 peak)
-PEAK_FIELD = {"fp8": "fp8_tflops", "fp8_block": "fp8_tflops", "int8": "int8_tops",
-              "fp16": "fp16_tflops"}
-#: datasheet rate field → factor to FLOP/µs or bytes/µs
-PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
-          "hbm_bandwidth_tbs": 1e6, "interconnect_bandwidth_gbs": 1e3}
 #: (descriptor ∝ FLOPs, descriptor ∝ bytes) of a kernel, for the ``duration`` rule
 WORK = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "seqs"), "attn_decode": ("seqs", "seqs"),
         "allreduce": (None, "bytes"), "moe": ("tokens", "tokens"),
@@ -127,24 +123,14 @@ def shifts(rule: str, kind: str, ref: tuple, new: tuple):
     return d, d
 
 
-def rate_fields(gpu: GPUSpec, kind: str, variant: str) -> tuple[str, str]:
-    """(peak field, bandwidth field) of the datasheet that bound a kernel on ``gpu``: the choice
-    of :func:`roofcal.model.op_peak_and_bandwidth` (GEMM/MoE peaks by weight dtype, a peak the GPU
-    lacks replaced by BF16, communication over the link)."""
-    dtype = variant if kind in ("gemm", "moe") else "bf16"
-    peak = PEAK_FIELD.get(dtype)
-    if not (peak and getattr(gpu, peak)):
-        peak = "bf16_tflops"
-    return peak, "interconnect_bandwidth_gbs" if K.OP_KINDS[kind].link else "hbm_bandwidth_tbs"
-
-
 def op_rates(gpu: GPUSpec, kind: str, variant: str, theta: dict | None = None) -> tuple:
-    """(peak FLOP/µs, bytes/µs, SMs) that bound a kernel on ``gpu`` (those of roofcal.model).
+    """(peak FLOP/µs, bytes/µs, SMs) that bound a kernel on ``gpu`` (fields
+    :func:`roofcal.model.op_rate_fields`).
 
     ``theta`` ({datasheet field: number}, e.g. traced by :mod:`roofcal.whatif`) replaces the
     datasheet's numbers; ``gpu`` still decides which fields apply.
     """
-    peak, bw = rate_fields(gpu, kind, variant)
+    peak, bw = op_rate_fields(gpu, kind, variant)
     if theta is None:
         theta = {f: float(getattr(gpu, f)) for f in (peak, bw, "sm_count")}
     return theta[peak] * PER_US[peak], theta[bw] * PER_US[bw], theta["sm_count"]

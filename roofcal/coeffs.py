@@ -79,7 +79,7 @@ class Coefficients:
 # --------------------------------------------------------------------------------------------
 # params ↔ file dict
 
-def _num(x, digits: int = 9) -> float:
+def round_sig(x, digits: int = 9) -> float:
     """A float rounded to ``digits`` significant digits (stable, readable YAML)."""
     x = float(x)
     return float(f"{x:.{digits}g}") if math.isfinite(x) else x
@@ -102,12 +102,12 @@ def op_to_dict(key: str, p: dict) -> dict:
     names = K.term_names(kind, K.degree_of(len(k.descriptors), n_terms))
     lo, hi = np.asarray(p["lo"], np.float64), np.asarray(p["hi"], np.float64)
     return {
-        "latency_us": _num(math.exp(float(p["latency"]))),
-        "sharpness": _num(1.0 + np.logaddexp(0.0, float(p["sharpness"]))),
-        "range": {d: [_num(_z_to_x(kind, j, lo[j]), 6), _num(_z_to_x(kind, j, hi[j]), 6)]
+        "latency_us": round_sig(math.exp(float(p["latency"]))),
+        "sharpness": round_sig(1.0 + np.logaddexp(0.0, float(p["sharpness"]))),
+        "range": {d: [round_sig(_z_to_x(kind, j, lo[j]), 6), round_sig(_z_to_x(kind, j, hi[j]), 6)]
                   for j, d in enumerate(k.descriptors)},
-        "compute_efficiency": {n: _num(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
-        "memory_efficiency": {n: _num(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
+        "compute_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
+        "memory_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
     }
 
 
@@ -116,10 +116,10 @@ def params_to_dict(params: dict) -> dict:
     return {
         "ops": {key: op_to_dict(key, params["ops"][key]) for key in sorted(params["ops"])},
         "step": {
-            "overheads_us": {n: _num(v) for n, v in zip(K.STEP_OVERHEADS, o)},
-            "kernel_scales": {n: _num(math.exp(float(v)))
+            "overheads_us": {n: round_sig(v) for n, v in zip(K.STEP_OVERHEADS, o)},
+            "kernel_scales": {n: round_sig(math.exp(float(v)))
                               for n, v in zip(K.STEP_SCALES, np.asarray(params["step"]["scales"]))},
-            "mix_sharpness": _num(1.0 + np.logaddexp(0.0, float(params["step"]["mix"]))),
+            "mix_sharpness": round_sig(1.0 + np.logaddexp(0.0, float(params["step"]["mix"]))),
         },
     }
 

@@ -18,13 +18,10 @@ PREFIXES = {"1e12 ": "T", "1e9 ": "G"}
 
 def shown_fields() -> dict:
     """{field: unit} of the numbers ``gpu show`` prints: the datasheet's numeric fields
-    (:data:`roofcal.hardware.NUMERIC_FIELDS`, with the FP16 peak beside BF16), units with SI
-    prefixes (``1e12 B/s`` → ``TB/s``)."""
+    (:data:`roofcal.hardware.NUMERIC_FIELDS`), units with SI prefixes (``1e12 B/s`` → ``TB/s``)."""
     from .hardware import NUMERIC_FIELDS
-    fields = {"bf16_tflops": NUMERIC_FIELDS["bf16_tflops"],
-              "fp16_tflops": NUMERIC_FIELDS["bf16_tflops"], **NUMERIC_FIELDS}
     out = {}
-    for f, unit in fields.items():
+    for f, unit in NUMERIC_FIELDS.items():
         for power, prefix in PREFIXES.items():
             unit = unit.replace(power, prefix)
         out[f] = unit

@@ -17,6 +17,7 @@ from .components import ideal_times
 from .config import ModelSpec
 from .decompose import step_ops
 from .hardware import GPUSpec
+from .hardware.datasheet import PER_US
 from .steps import StepBatch, step_totals
 
 #: breakdown column for the step-level overheads
@@ -25,11 +26,19 @@ OVERHEAD = "overhead"
 NON_COMPONENT = ("total", "flops", "bytes", "ideal_compute", "ideal_memory")
 
 
-def op_peak_and_bandwidth(gpu: GPUSpec, kind: str, variant: str) -> tuple[float, float]:
-    """(peak FLOP/µs, bytes/µs) that bound a kernel: GEMM/MoE peaks follow the weight dtype."""
+def op_rate_fields(gpu: GPUSpec, kind: str, variant: str) -> tuple[str, str]:
+    """(peak field, bandwidth field) of the datasheet that bound a kernel: GEMM/MoE peaks follow
+    the weight dtype (:meth:`GPUSpec.peak_field`), attention runs at BF16, communication moves
+    its bytes over the GPU link, everything else over HBM."""
     dtype = variant if kind in ("gemm", "moe") else "bf16"
-    bw = gpu.link_bytes_per_us if K.OP_KINDS[kind].link else gpu.hbm_bytes_per_us
-    return gpu.peak_flops_per_us(dtype), bw
+    bw = "interconnect_bandwidth_gbs" if K.OP_KINDS[kind].link else "hbm_bandwidth_tbs"
+    return gpu.peak_field(dtype), bw
+
+
+def op_peak_and_bandwidth(gpu: GPUSpec, kind: str, variant: str) -> tuple[float, float]:
+    """(peak FLOP/µs, bytes/µs) that bound a kernel (fields :func:`op_rate_fields`)."""
+    peak, bw = op_rate_fields(gpu, kind, variant)
+    return getattr(gpu, peak) * PER_US[peak], getattr(gpu, bw) * PER_US[bw]
 
 
 def ideal_step_times(gpu: GPUSpec, calls: dict) -> dict:

@@ -51,7 +51,7 @@ from roofcal.blis.sampling import (
     kv_capacity_tokens,
     sample_steps,
 )
-from roofcal.coeffs import _num
+from roofcal.coeffs import round_sig
 from roofcal.config import ModelSpec, check_tp, load_model, resolve_config_path
 from roofcal.correction import softplus_inv
 from roofcal.errors import RoofcalError
@@ -369,7 +369,7 @@ def fit_betas(rows: Sequence[Rows], input_beta: Sequence[float], iters: int = 30
 
         def finish(beta):
             beta = np.where(free & (beta * m < 1e-7), 0.0, beta)
-            rounded = np.array([_num(v) for v in np.maximum(beta, 0.0)])
+            rounded = np.array([round_sig(v) for v in np.maximum(beta, 0.0)])
             beta = np.where(free, rounded, center)  # kept values stay exact
             return beta, float(blis_loss(jnp.asarray(beta, jnp.float64), data))
 

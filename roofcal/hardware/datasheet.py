@@ -38,10 +38,17 @@ REQUIRED = ("name", "sources", "dense_tflops", "hbm_bandwidth_tbs", "hbm_capacit
 OPTIONAL = ("schema", "display_name", "aliases", "notes")
 #: datasheet fields a what-if or bootstrap may change, with their units
 NUMERIC_FIELDS = {
-    "bf16_tflops": "1e12 FLOP/s", "fp8_tflops": "1e12 FLOP/s", "int8_tops": "1e12 op/s",
+    "bf16_tflops": "1e12 FLOP/s", "fp16_tflops": "1e12 FLOP/s", "fp8_tflops": "1e12 FLOP/s",
+    "int8_tops": "1e12 op/s",
     "hbm_bandwidth_tbs": "1e12 B/s", "interconnect_bandwidth_gbs": "1e9 B/s",
     "hbm_capacity_gib": "GiB", "sm_count": "SMs",
 }
+#: rate field → factor from its unit to FLOP/µs or bytes/µs
+PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
+          "hbm_bandwidth_tbs": 1e6, "interconnect_bandwidth_gbs": 1e3}
+#: GEMM input dtypes with a dense peak of their own (any other, e.g. 4-bit W4A16, runs at BF16)
+PEAK_FIELD = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops",
+              "fp8_block": "fp8_tflops", "int8": "int8_tops"}
 
 
 @dataclass(frozen=True)
@@ -62,22 +69,25 @@ class GPUSpec:
     sources: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=(), compare=False)
 
-    def peak_flops_per_us(self, dtype: str) -> float:
-        """Dense peak for a GEMM input dtype in FLOP/µs; FP8/INT4 fall back to BF16 when absent.
+    def peak_field(self, dtype: str) -> str:
+        """The field of the dense peak a GEMM input dtype runs at: its own (:data:`PEAK_FIELD`)
+        when this GPU has it, else BF16 (no FP8 tensor cores; 4-bit weights are dequantised to
+        BF16 on the tensor cores, W4A16)."""
+        f = PEAK_FIELD.get(dtype)
+        return f if f and getattr(self, f) else "bf16_tflops"
 
-        4-bit weights are dequantised to BF16 on the tensor cores (W4A16), so they run at BF16 peak.
-        """
-        d = {"fp8": self.fp8_tflops, "fp8_block": self.fp8_tflops, "int8": self.int8_tops,
-             "fp16": self.fp16_tflops}.get(dtype, 0.0)
-        return (d or self.bf16_tflops) * 1e6
+    def peak_flops_per_us(self, dtype: str) -> float:
+        """Dense peak for a GEMM input dtype in FLOP/µs (field :meth:`peak_field`)."""
+        f = self.peak_field(dtype)
+        return getattr(self, f) * PER_US[f]
 
     @property
     def hbm_bytes_per_us(self) -> float:
-        return self.hbm_bandwidth_tbs * 1e6
+        return self.hbm_bandwidth_tbs * PER_US["hbm_bandwidth_tbs"]
 
     @property
     def link_bytes_per_us(self) -> float:
-        return self.interconnect_bandwidth_gbs * 1e3
+        return self.interconnect_bandwidth_gbs * PER_US["interconnect_bandwidth_gbs"]
 
     @property
     def balance_flops_per_byte(self) -> float:
