@@ -39,12 +39,12 @@ from .config import ModelSpec
 from .decompose import step_ops
 from .errors import RoofcalError
 from .hardware import NUMERIC_FIELDS, GPUSpec
+from .hardware.datasheet import PER_US
 from .model import OVERHEAD, combine, kernel_times
 from .steps import StepBatch, step_totals
 
 #: datasheet numbers the time model reads, traced in :func:`step_times`
-RATE_FIELDS = ("bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "hbm_bandwidth_tbs",
-               "interconnect_bandwidth_gbs", "sm_count")
+RATE_FIELDS = (*PER_US, "sm_count")
 #: fields reported (the what-if fields of the datasheet schema)
 FIELDS = tuple(NUMERIC_FIELDS)
 #: output of :func:`step_times` that is not part of :func:`roofcal.model.combine`'s breakdown
