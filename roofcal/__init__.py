@@ -1,45 +1,42 @@
 """roofcal: physics-informed, calibrated step-time models for LLM inference (vLLM), with export to BLIS.
 
-Data flows one way — config + datasheet → components → corrections → combine → loss → optimizer →
-coefficients → exporters and residual reports; each stage is a module of its own:
+Data flows one way — config + datasheet → kernel calls → corrections → combine → loss → optimizer →
+coefficients → exporters and residual reports. Each stage is a package; each package's ``__init__``
+says what comes in, what goes out and which module to open first:
 
-======================  ========================================================================
-``config``              HuggingFace ``config.json`` → :class:`ModelSpec`
-``hardware``            GPU datasheets → :class:`GPUSpec`
-``steps``               step JSONL ↔ :class:`Step` ↔ padded :class:`StepBatch`
-``components``          analytical work (FLOPs, bytes, shape) of each kernel
-``decompose``           a model's step → its kernel calls per GPU
-``correction``          efficiency surfaces, latencies, soft max, step overheads and scales
-``model``               corrected kernels + step level → step time and breakdown
-``predict``             ``roofcal predict`` for steps; ``ops`` for per-op tables
-``ops``, ``stepdata``   measurements: per-op tables and CSV; whole steps (JSONL, splitwise)
-``datasets``            measurement files → tables and step datasets, with provenance
-``loss``, ``optim``     relative-error loss and priors; optax Adam / L-BFGS
-``fit``                 the two-stage fit (``roofcal fit``)
-``coeffs``              coefficient files: schema, save, load, validation
-``blis``                BLIS's exact trained-physics basis, BLIS-form fitting and export
-``residuals``           residual tables; ``attribution``; ``residuals_report`` (``roofcal residuals``)
-``bootstrap``           zero-shot transfer to a new GPU; ``whatif`` datasheet sensitivities
-``bench``               ``roofcal bench``; ``transfer_bench`` for GPU transfer
-``cli``                 the command line (thin wrappers over the functions above)
-======================  ========================================================================
+=================  =============================================================================
+``physics``        ``config.json`` → :class:`ModelSpec`; datasheets → :class:`GPUSpec`; steps;
+                   the analytical work (FLOPs, bytes) of each kernel call (``decompose``)
+``measurements``   readers of what was timed: per-op tables, step files, datasets with provenance
+``model``          correction layer (``correction``), step combine (``combine``), ``predict``,
+                   coefficient files (``coeffs``)
+``calibration``    relative-error loss and priors, optax optimisers, the two-stage ``fit``
+``inspection``     residual tables, gradient attribution, plots, ``roofcal residuals`` (``report``)
+``transfer``       zero-shot transfer to a new GPU (``bootstrap``); datasheet what-if
+``blis``           BLIS's exact trained-physics basis, BLIS-form fits, export into BLIS's files
+``bench``          ``roofcal bench``: held-out accuracy, speed, GPU transfer
+``cli``            the command line: a module per command group, thin wrappers over the above
+=================  =============================================================================
+
+Shared helpers: ``errors`` (one-line errors), ``io`` (atomic writes), ``resources`` (bundled
+files), ``tables`` (Markdown tables).
 """
 
 __version__ = "0.1.0"
 
-from .errors import RoofcalError  # noqa: E402
+from roofcal.errors import RoofcalError  # noqa: E402
 
 __all__ = ["RoofcalError", "__version__", "predict", "load_model", "load_gpu"]
 
 
 def __getattr__(name):  # lazy, so ``import roofcal`` stays light for the CLI's error paths
     if name == "predict":
-        from .predict import predict
+        from roofcal.model.predict import predict
         return predict
     if name == "load_model":
-        from .config import load_model
+        from roofcal.physics.config import load_model
         return load_model
     if name == "load_gpu":
-        from .hardware import load_gpu
+        from roofcal.physics.hardware import load_gpu
         return load_gpu
     raise AttributeError(name)

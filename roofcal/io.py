@@ -71,7 +71,7 @@ def write_csv_atomic(df, path: str | os.PathLike) -> None:
 def read_yaml(path: str | os.PathLike, what: str = "file"):
     """Parse a YAML file; a missing file or bad YAML raises a one-line ``RoofcalError``."""
     import yaml
-    from .errors import RoofcalError
+    from roofcal.errors import RoofcalError
     try:
         return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -86,7 +86,7 @@ def read_yaml(path: str | os.PathLike, what: str = "file"):
 def read_json_object(path: str | os.PathLike, what: str = "file") -> dict:
     """Parse a JSON file holding an object; any failure raises a one-line ``RoofcalError``."""
     import json
-    from .errors import RoofcalError
+    from roofcal.errors import RoofcalError
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -100,3 +100,20 @@ def read_json_object(path: str | os.PathLike, what: str = "file") -> dict:
     if not isinstance(data, dict):
         raise RoofcalError(f"{path}: expected a JSON object at the top level")
     return data
+
+
+def backup_path(path: Path) -> Path:
+    """``path.bak``, or ``path.bak.1``, ``.bak.2``, ... (never overwrites an earlier backup)."""
+    candidate = path.with_name(path.name + ".bak")
+    i = 0
+    while candidate.exists():
+        i += 1
+        candidate = path.with_name(f"{path.name}.bak.{i}")
+    return candidate
+
+
+def file_record(path: str | os.PathLike) -> dict:
+    """``{path, sha256}`` of a file, its path relative to the source tree where it lies inside it
+    (provenance records of the files roofcal writes)."""
+    from roofcal.resources import display
+    return {"path": display(Path(path)), "sha256": sha256_file(path)}

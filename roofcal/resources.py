@@ -15,7 +15,9 @@ DATA = ROOT / "data"
 MICROBENCH = DATA / "microbench"
 STEPS = DATA / "steps"
 BLIS = DATA / "blis"
-HARDWARE = Path(__file__).resolve().parent / "hardware"
+BLIS_DEFAULTS = BLIS / "defaults.yaml"
+BLIS_HARDWARE = BLIS / "hardware_config.json"
+HARDWARE = Path(__file__).resolve().parent / "physics" / "hardware"
 
 
 def display(path: Path) -> str:

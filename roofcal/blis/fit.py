@@ -51,17 +51,17 @@ from roofcal.blis.sampling import (
     kv_capacity_tokens,
     sample_steps,
 )
-from roofcal.coeffs import round_sig
-from roofcal.config import ModelSpec, check_tp, load_model, resolve_config_path
-from roofcal.correction import softplus_inv
+from roofcal.model.coeffs import round_sig
+from roofcal.physics.config import ModelSpec, check_tp, load_model, resolve_config_path
+from roofcal.model.correction import softplus_inv
 from roofcal.errors import RoofcalError
-from roofcal.fit import split_groups
-from roofcal.hardware import GPUSpec, load_gpu
-from roofcal.loss import error_summary, log_ratio_sq
-from roofcal.model import step_breakdown
-from roofcal.optim import lbfgs
-from roofcal.stepdata import StepData
-from roofcal.steps import StepBatch
+from roofcal.calibration.fit import split_groups
+from roofcal.physics.hardware import GPUSpec, load_gpu
+from roofcal.calibration.loss import error_summary, log_ratio_sq
+from roofcal.model.combine import step_breakdown
+from roofcal.calibration.optim import lbfgs
+from roofcal.measurements.stepdata import StepData
+from roofcal.physics.steps import StepBatch
 
 #: The basis term each β index multiplies in the 11-value (fully split) form (BLIS index order).
 BETA_BASIS = (

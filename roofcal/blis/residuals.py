@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import RoofcalError
-from ..hardware import GPUSpec, load_gpu
-from ..residuals import _concat, _step_frame, pad_batch
-from .basis import BlisHardware
-from .fit import BETA_BASIS
-from .sampling import blis_requests_from_steps
+from roofcal.errors import RoofcalError
+from roofcal.physics.hardware import GPUSpec, load_gpu
+from roofcal.inspection.residuals import _concat, _step_frame, pad_batch
+from roofcal.blis.basis import BlisHardware
+from roofcal.blis.fit import BETA_BASIS
+from roofcal.blis.sampling import blis_requests_from_steps
 
 #: BLIS's trained-physics terms as reported: (component, β symbol, basis term), in report order
 _REPORTED = (
@@ -64,12 +64,13 @@ def read_blis_coeffs(path) -> BlisCoeffs:
     """α/β from a BLIS ``defaults.yaml`` (its ``trained_physics_coefficients`` block), a
     BLIS-form file (``roofcal blis fit``; its ``hardware`` entry is used for the basis), or any
     YAML holding ``beta_coeffs`` / ``beta`` (and optionally ``alpha_coeffs`` / ``alpha``) at a
-    depth ≤ 3. Read as :mod:`roofcal.blis.export` reads YAML (duplicate keys refused)."""
-    from .basis import validate_blis_coeffs
-    from .export import BLIS_FORM_SCHEMA, _numbers, _read_text, form_from_dict, strict_yaml_load
-    from ..resources import display
+    depth ≤ 3. Read as :mod:`roofcal.blis.defaults_yaml` reads YAML (duplicate keys refused)."""
+    from roofcal.blis.basis import validate_blis_coeffs
+    from roofcal.blis.form import BLIS_FORM_SCHEMA, form_from_dict
+    from roofcal.blis.defaults_yaml import yaml_numbers, read_text_exact, strict_yaml_load
+    from roofcal.resources import display
     path = Path(path)
-    doc = strict_yaml_load(_read_text(path, "BLIS coefficient file"), str(path))
+    doc = strict_yaml_load(read_text_exact(path, "BLIS coefficient file"), str(path))
     if isinstance(doc, dict) and doc.get("schema") == BLIS_FORM_SCHEMA:
         f = form_from_dict(doc, str(path))
         return BlisCoeffs(f.alpha, f.beta, display(path), f.hardware_calib, f.hardware)
@@ -77,8 +78,8 @@ def read_blis_coeffs(path) -> BlisCoeffs:
     if found is None or not isinstance(found[0], dict):
         raise RoofcalError(f"{path}: field 'trained_physics_coefficients.beta_coeffs' is missing")
     block, where = found
-    beta = _numbers(block.get("beta_coeffs", block.get("beta")), f"{path}: field '{where}beta_coeffs'")
-    alpha = _numbers(block.get("alpha_coeffs", block.get("alpha", [0.0, 0.0, 0.0])),
+    beta = yaml_numbers(block.get("beta_coeffs", block.get("beta")), f"{path}: field '{where}beta_coeffs'")
+    alpha = yaml_numbers(block.get("alpha_coeffs", block.get("alpha", [0.0, 0.0, 0.0])),
                      f"{path}: field '{where}alpha_coeffs'")
     try:
         validate_blis_coeffs(alpha, beta)
@@ -93,9 +94,10 @@ def read_blis_coeffs(path) -> BlisCoeffs:
 def blis_hardware(gpu: GPUSpec):
     """BLIS's hardware entry for ``gpu`` (the bundled hardware_config.json entry that is one of the
     datasheet's aliases), else BLIS's fields read off the datasheet itself."""
-    from .export import BUNDLED_HARDWARE, hardware_for_gpu
+    from roofcal import resources
+    from roofcal.blis.hardware_json import hardware_for_gpu
     try:
-        return hardware_for_gpu(BUNDLED_HARDWARE, gpu)[1]
+        return hardware_for_gpu(resources.BLIS_HARDWARE, gpu)[1]
     except RoofcalError:
         return BlisHardware(tflops_peak=gpu.bf16_tflops, bw_peak_tbs=gpu.hbm_bandwidth_tbs,
                             tflops_fp8=gpu.fp8_tflops)
@@ -105,7 +107,7 @@ def blis_components(basis: dict, beta) -> dict:
     """BLIS's step time split into its terms β·basis (µs per step); they sum to
     :func:`roofcal.blis.basis.blis_step_time_float`. Without the split forms (< 9 / < 10 β) the
     prefill / decode term is β·max(compute, kv), reported under ``pf_compute`` / ``dc_compute``."""
-    from .basis import effective_beta
+    from roofcal.blis.basis import effective_beta
     eff = effective_beta(beta)
     B = np.asarray(eff.beta, np.float64)
     v = {t: np.asarray(basis[t], np.float64) for _, _, _, t in BLIS_TERMS}
@@ -124,8 +126,8 @@ def blis_step_residuals(steps: list, coeffs: BlisCoeffs) -> pd.DataFrame:
     ``work_us`` is BLIS's unscaled roofline: max(compute terms, KV + weight terms) + TP all-reduce
     + MoE dispatch. Each step's model is read from the config file it was loaded from.
     """
-    from .basis import basis_for_constants
-    from .fit import Deployment, resolve_deployment
+    from roofcal.blis.basis import basis_for_constants
+    from roofcal.blis.fit import Deployment, resolve_deployment
     frames = []
     for d in steps:
         hw = coeffs.hardware if coeffs.hardware is not None else blis_hardware(load_gpu(d.gpu))

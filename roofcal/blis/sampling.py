@@ -16,7 +16,7 @@
 * **KV capacity**: decodes beyond the KV cache's capacity (:func:`kv_capacity_tokens`) are not
   scheduled (the first decode always is); the maximum context is capped at the capacity.
 
-Each step is returned twice: as a roofcal :class:`~roofcal.steps.StepBatch` (prefill chunks
+Each step is returned twice: as a roofcal :class:`~roofcal.physics.steps.StepBatch` (prefill chunks
 ``[new, cached]``, decode contexts) and as the matching BLIS request batch
 (:class:`~roofcal.blis.basis.BlisBatch`) with the *true* prompt length of each chunk, which is what
 BLIS sees in a simulation. Measured roofcal steps, whose prompts are unknown, are mapped to BLIS
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from roofcal.blis.basis import BlisBatch
-from roofcal.config import ModelSpec
-from roofcal.decompose import attention_dims, weight_bytes_per_gpu
+from roofcal.physics.config import ModelSpec
+from roofcal.physics.decompose import attention_dims, weight_bytes_per_gpu
 from roofcal.errors import RoofcalError
-from roofcal.hardware import GPUSpec
-from roofcal.steps import Step, StepBatch
+from roofcal.physics.hardware import GPUSpec
+from roofcal.physics.steps import Step, StepBatch
 
 PHASES = ("prefill", "decode", "mixed")
 

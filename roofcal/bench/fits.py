@@ -1,0 +1,219 @@
+"""``roofcal bench``: accuracy on held-out data and speed, against the project's targets.
+
+Prints (and with ``--out`` writes as Markdown):
+
+1. per-op held-out MAPE of the default fits of the bundled H100 and A100 tables, next to the
+   targets (tables under 500 rows — the all-reduce ones — are also refitted on 5 seeded splits,
+   since one 20 % split of 69 rows leaves 14 rows to judge by);
+2. whole steps: held-out configurations of the default H100 fit, and TP transfer on the
+   splitwise table (fit the step level on TP 4, predict TP 8, and the reverse), plus the
+   staged-versus-joint comparison that justifies freezing kernels in stage 2;
+3. wall time of the default ``roofcal fit`` (cold: no compilation cache) and prediction
+   throughput once compiled;
+4. zero-shot and few-shot transfer between GPUs (:mod:`roofcal.bench.transfer`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from roofcal.model import correction as K
+from roofcal.tables import table
+
+TARGETS = {"gemm": 5.0, "attn_prefill": 7.0, "attn_decode": 7.0, "allreduce": 7.0, "moe": 10.0,
+           "steps": 10.0}
+SEEDS = 5
+
+
+def default_fit(gpu_name: str, settings=None):
+    """The default ``roofcal fit`` of a GPU's bundled data, timed (loading included); returns
+    (FitResult, seconds, the loaded :class:`~roofcal.datasets.Measurements`)."""
+    from roofcal.measurements import datasets
+    from roofcal.calibration.fit import FitSettings, fit
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(gpu_name)
+    t0 = time.time()
+    m = datasets.load(datasets.bundled_paths(gpu.name), gpu=gpu.name)
+    res = fit(gpu, m.ops, m.steps, settings or FitSettings(progress=False), provenance=m.provenance)
+    return res, time.time() - t0, m
+
+
+def data_text(m) -> str:
+    """``85,850 per-op rows + 420 measured steps``: what a fit of ``m`` (Measurements) reads."""
+    ops = len(m.ops) if m.ops is not None else 0
+    steps = sum(len(d) for d in m.steps)
+    parts = []
+    if ops:
+        parts.append(f"{ops:,} per-op rows")
+    if steps:
+        parts.append(f"{steps:,} measured steps")
+    return " + ".join(parts) or "no data"
+
+
+def seeded_small_tables(gpu_name: str, m, limit: int = 500) -> dict:
+    """Mean held-out MAPE over seeds 0…4 for each kernel kind/variant with fewer than ``limit`` rows."""
+    from roofcal.calibration.fit import FitSettings, fit
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(gpu_name)
+    out = {}
+    sizes = m.ops.groupby(["op", "dtype"]).size()
+    for (op, dt), n in sizes.items():
+        if n >= limit:
+            continue
+        rows = m.ops[(m.ops.op == op) & (m.ops.dtype == dt)]
+        vals = [fit(gpu, rows, [], FitSettings(seed=s, progress=False)).coeffs.metrics["heldout"]
+                [K.op_key(op, dt)]["mape"] for s in range(SEEDS)]
+        out[K.op_key(op, dt)] = (float(np.mean(vals)), float(np.std(vals)))
+    return out
+
+
+def per_op_rows(gpu_name: str, metrics: dict, seeded: dict) -> list[dict]:
+    rows = []
+    for key, h in metrics["heldout"].items():
+        if key.startswith("steps/"):
+            continue
+        kind = key.split("/")[0]
+        target = TARGETS.get(kind)
+        mean_seeds = seeded.get(key)
+        judged = mean_seeds[0] if mean_seeds else h["mape"]
+        rows.append({"gpu": gpu_name, "kernel": key, "held-out MAPE %": h["mape"],
+                     f"mean of {SEEDS} splits %": (f"{mean_seeds[0]:.2f} ± {mean_seeds[1]:.2f}"
+                                                   if mean_seeds else ""),
+                     "p90 %": h["p90"], "n held out": h["n"],
+                     "target %": target, "met": "yes" if judged <= target else "no"})
+    return rows
+
+
+def tp_transfer(result, m) -> list[dict]:
+    """Fit the step level on one TP degree of the splitwise table, predict the other."""
+    from roofcal.calibration.fit import FitSettings, fit_steps, step_metrics, step_predictions
+    kernels = result.coeffs.params["ops"]
+    by_tp = {d.tp: d for d in m.steps}
+    rows = []
+    for train_tp, test_tp in ((4, 8), (8, 4)):
+        if train_tp not in by_tp or test_tp not in by_tp:
+            continue
+        d = by_tp[train_tp]
+        params = fit_steps([d], kernels, FitSettings(progress=False), [np.ones(len(d), bool)])
+        pred = step_predictions([by_tp[test_tp]], params)
+        sm = step_metrics(pred, np.ones(len(pred), bool))["heldout"]
+        for key, v in sm.items():
+            rows.append({"fit on": f"TP {train_tp}", "predict": f"TP {test_tp}",
+                         "phase": key.split("/")[1], "MAPE %": v["mape"], "bias %": v["bias"],
+                         "p90 %": v["p90"], "n": v["n"], "target %": TARGETS["steps"],
+                         "met": "yes" if v["mape"] <= TARGETS["steps"] else "no"})
+    return rows
+
+
+def staged_vs_joint(result, m) -> list[dict]:
+    """Stage 2 with kernels frozen (the default) against kernels free to move (κ = 1 pseudo-row):
+    held-out step error, and what the freed kernels then do to the per-op held-out error."""
+    from roofcal.calibration.fit import (
+        FitSettings,
+        fit_steps,
+        kernel_metrics,
+        step_metrics,
+        step_predictions,
+    )
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(result.coeffs.gpu)
+    kernels = result.coeffs.params["ops"]
+    tests = result.step_test
+    rows = []
+    for label, kappa in (("staged: kernels frozen (default)", 0.0), ("joint: kernels free, κ = 1", 1.0)):
+        params = fit_steps(m.steps, kernels, FitSettings(progress=False, finetune=kappa),
+                           [~t for t in tests])
+        pred = step_predictions(m.steps, params)
+        sm = step_metrics(pred, np.concatenate(tests))["heldout"]
+        km = kernel_metrics(m.ops, params, gpu, result.kernel_test)["heldout"]
+        rows.append({"stage 2": label,
+                     "steps/prefill %": sm.get("steps/prefill", {}).get("mape"),
+                     "steps/decode %": sm.get("steps/decode", {}).get("mape"),
+                     "gemm/bf16 %": km["gemm/bf16"]["mape"],
+                     "attn_decode/bf16 %": km["attn_decode/bf16"]["mape"],
+                     "allreduce/custom %": km["allreduce/custom"]["mape"]})
+    return rows
+
+
+def throughput(coeffs, steps: int = 1_000_000) -> dict:
+    """Predicted steps per second once compiled (Llama-2-70B, TP 4; up to 2 prefill chunks and
+    16 decodes per step)."""
+    import jax
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.model.combine import step_time
+    from roofcal.physics.steps import StepBatch
+    rng = np.random.default_rng(0)
+    P, D = 2, 16
+    pm = (rng.random((steps, P)) < 0.3).astype(np.float32)
+    batch = StepBatch(rng.integers(1, 2048, (steps, P)).astype(np.float32) * pm,
+                      rng.integers(0, 4096, (steps, P)).astype(np.float32) * pm, pm,
+                      rng.integers(1, 8192, (steps, D)).astype(np.float32),
+                      (rng.random((steps, D)) < 0.7).astype(np.float32))
+    model, gpu = load_model("llama-2-70b-hf"), load_gpu("h100_sxm")
+    f = jax.jit(step_time, static_argnames=("model", "gpu", "tp"))
+    t0 = time.time()
+    f(coeffs.params, model, gpu, 4, batch).block_until_ready()
+    compile_s = time.time() - t0
+    reps = 3
+    t0 = time.time()
+    for _ in range(reps):
+        f(coeffs.params, model, gpu, 4, batch).block_until_ready()
+    per = (time.time() - t0) / reps
+    return {"steps": steps, "first call (compile) s": compile_s, "seconds per call": per,
+            "steps per second": steps / per}
+
+
+def run(out: str | None = None, transfer: bool = True) -> str:
+    """Run every benchmark; returns the Markdown report (also printed section by section)."""
+    import jax
+    jax.config.update("jax_enable_compilation_cache", False)        # honest cold timings
+    sections = []
+
+    def emit(title, body):
+        text = f"### {title}\n\n{body}\n"
+        print(text, flush=True)
+        sections.append(text)
+
+    h100, h100_s, h100_m = default_fit("h100_sxm")
+    a100, a100_s, a100_m = default_fit("a100_sxm")
+    emit("Wall time of the default fit (cold, no compilation cache)",
+         table([{"command": f"roofcal fit  (H100: {data_text(h100_m)})", "seconds": h100_s,
+                 "target s": 60.0, "met": "yes" if h100_s <= 60 else "no"},
+                {"command": f"roofcal fit --gpu a100_sxm  ({data_text(a100_m)})",
+                 "seconds": a100_s, "target s": 60.0, "met": "yes" if a100_s <= 60 else "no"}],
+               ["command", "seconds", "target s", "met"], floats="{:.1f}"))
+    rows = per_op_rows("h100_sxm", h100.coeffs.metrics, seeded_small_tables("h100_sxm", h100_m)) \
+        + per_op_rows("a100_sxm", a100.coeffs.metrics, seeded_small_tables("a100_sxm", a100_m))
+    emit("Per-op held-out error (random 20 % of shapes, seed 0)",
+         table(rows, ["gpu", "kernel", "held-out MAPE %", f"mean of {SEEDS} splits %", "p90 %",
+                      "n held out", "target %", "met"]))
+    steps_rows = [{"split": "held-out configurations (20 %, both TPs)", "phase": k.split("/")[1],
+                   "MAPE %": v["mape"], "bias %": v["bias"], "p90 %": v["p90"], "n": v["n"]}
+                  for k, v in h100.coeffs.metrics["heldout"].items() if k.startswith("steps/")]
+    emit("Whole steps: held-out configurations of the default H100 fit",
+         table(steps_rows, ["split", "phase", "MAPE %", "bias %", "p90 %", "n"]))
+    emit("Whole steps: TP transfer (splitwise Llama-2-70B on H100)",
+         table(tp_transfer(h100, h100_m), ["fit on", "predict", "phase", "MAPE %", "bias %",
+                                          "p90 %", "n", "target %", "met"]))
+    emit("Stage 2: kernels frozen or free (held-out MAPE %)",
+         table(staged_vs_joint(h100, h100_m), ["stage 2", "steps/prefill %", "steps/decode %",
+                                                "gemm/bf16 %", "attn_decode/bf16 %",
+                                                "allreduce/custom %"]))
+    tp = throughput(h100.coeffs)
+    emit("Prediction throughput (CPU, once compiled)",
+         table([{**tp, "target": "1e6 steps/s",
+                 "met": "yes" if tp["steps per second"] >= 1e6 else "no"}],
+               ["steps", "first call (compile) s", "seconds per call", "steps per second",
+                "target", "met"], floats="{:.3g}"))
+    if transfer:
+        from roofcal.bench import transfer as transfer_bench
+        for title, body in transfer_bench.report(h100.coeffs, a100.coeffs):
+            emit(title, body)
+    text = "\n".join(sections)
+    if out:
+        from roofcal.io import write_text_atomic
+        write_text_atomic(out, text)
+    return text

@@ -1,0 +1,6 @@
+"""Calibration: fitting the model's corrections to measurements.
+
+In: per-op tables and step data (:mod:`roofcal.measurements`), the model (:mod:`roofcal.model`).
+Out: a fitted :class:`~roofcal.model.coeffs.Coefficients` with held-out metrics (:func:`.fit.fit`).
+Open first: ``fit.py``; its loss is ``loss.py``, its optimisers ``optim.py``.
+"""

@@ -1,0 +1,420 @@
+"""Fitting the correction layer to measurements, in two stages.
+
+1. **Kernels.** Each kernel kind/variant (``gemm/bf16``, ``attn_decode/fp8``, …) is fitted on its
+   per-op rows: efficiency surfaces, latency and sharpness. Rows are held out at random by shape,
+   stratified per kind/variant (seeded).
+2. **Steps.** With the kernel corrections from stage 1 frozen, the step-level parameters are
+   fitted on whole-step measurements: overheads, per-kernel-group scales (a serving stack's kernels
+   inside real steps against the same kernels in isolation) and the prefill–decode mix. Freezing
+   keeps the per-op calibration intact; ``finetune`` > 0 instead lets the kernels move with a
+   prior of that many pseudo-rows (``roofcal bench`` compares the two). Steps are held out by
+   configuration, so repeated runs of one configuration never straddle train and test.
+
+Objective per stage: mean squared log-ratio over training rows (see :mod:`roofcal.loss`) plus a
+Gaussian prior on the raw parameters, scaled as ``κ/N`` so it acts like κ pseudo-rows: strong when
+data is scarce (a few-shot refit stays near its prior), negligible with thousands of rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from roofcal.model import correction as K
+from roofcal.model.coeffs import Coefficients, roundtrip
+from roofcal.physics.hardware import GPUSpec
+from roofcal.calibration.loss import error_summary, log_ratio_sq, prior_penalty
+from roofcal.model.combine import NON_COMPONENT, overhead_counts, step_breakdown
+from roofcal.physics.kernels import groups
+from roofcal.model.predict import predict_table, row_times
+from roofcal.calibration.optim import lbfgs, minimize
+from roofcal.physics.steps import step_totals
+
+
+#: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean
+#: held-out A100 error over 30–1000 rows among κ = 0.1, 0.3, 1, 3, 10 (roofcal.bench.transfer)
+FEW_SHOT_KAPPA = 1.0
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """Settings of a fit; all recorded in the coefficient file."""
+
+    seed: int = 0
+    holdout: float = 0.2              # fraction of per-op rows / step configurations held out
+    kernel_iters: int = 400           # L-BFGS iterations per degree stage (see fit_kernel)
+    step_iters: int = 500
+    lr: float = 0.05                  # Adam step size of stage 2
+    degree: tuple = ()                # ((kind, degree), ...) overrides of OP_KINDS defaults
+    prior_terms: float = 0.01         # κ of the efficiency-surface terms (pseudo-rows)
+    prior_scalars: float = 0.01       # κ of intercepts, latency, sharpness
+    finetune: float = 0.0             # 0: kernels frozen in stage 2; else κ holding them to stage 1
+    prior_scales: float = 1.0         # κ holding the step-level kernel scales at 1
+    progress: bool = True
+
+    def degree_of(self, kind: str) -> int:
+        return dict(self.degree).get(kind, K.OP_KINDS[kind].degree)
+
+    def record(self) -> dict:
+        d = asdict(self)
+        d.pop("progress")
+        d["degree"] = {k: self.degree_of(k) for k in K.OP_KINDS}
+        d["loss"] = "mean squared log-ratio + Gaussian prior (kappa/N pseudo-rows)"
+        d["optimizer"] = ("kernels: optax L-BFGS by continuation in surface degree; "
+                          "steps: optax Adam, cosine-decayed step size")
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# splits
+
+def split_rows(labels: np.ndarray, holdout: float, seed: int) -> np.ndarray:
+    """Boolean test mask: ``holdout`` of the rows of every label (stratified), seeded."""
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(labels), bool)
+    for lab in sorted(set(labels.tolist())):
+        idx = np.flatnonzero(labels == lab)
+        k = int(round(holdout * len(idx)))
+        if len(idx) >= 5 and k:
+            test[rng.choice(idx, size=k, replace=False)] = True
+    return test
+
+
+def split_groups(groups_: np.ndarray, holdout: float, seed: int) -> np.ndarray:
+    """Boolean test mask holding out whole groups (e.g. step configurations), seeded."""
+    rng = np.random.default_rng(seed)
+    uniq = np.array(sorted(set(groups_.tolist())))
+    k = int(round(holdout * len(uniq)))
+    chosen = set(rng.choice(uniq, size=k, replace=False).tolist()) if k else set()
+    return np.array([g in chosen for g in groups_])
+
+
+# --------------------------------------------------------------------------------------------
+# stage 1: kernels
+
+@dataclass
+class KernelData:
+    """Rows of one kernel kind/variant, ready for the jitted loss."""
+
+    kind: str
+    feats: jnp.ndarray        # (N, terms)
+    tc: jnp.ndarray           # ideal compute µs
+    tm: jnp.ndarray           # ideal memory µs
+    y: jnp.ndarray            # measured µs
+    train: jnp.ndarray        # 1.0 for training rows
+    lo: np.ndarray
+    hi: np.ndarray
+    index: np.ndarray         # row positions in the table
+
+
+def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: FitSettings) -> dict:
+    """Precompute features and ideal times per kernel kind/variant.
+
+    Every variant of a kind is zero-padded (weight 0) to the kind's largest row count, so the
+    variants share one compiled objective.
+    """
+    sizes: dict = {}
+    for g, op, dt, idx in groups(table):
+        sizes[op] = max(sizes.get(op, 0), len(idx))
+    out = {}
+    for g, op, dt, idx in groups(table):
+        tc, tm, z = row_times(gpu, op, dt, table, idx)
+        z = np.asarray(z)
+        train = ~test[idx]
+        ztr = z[train] if train.any() else z
+        lo, hi = ztr.min(0), ztr.max(0)
+        f = K.features(jnp.asarray(z), lo, hi, settings.degree_of(op))
+        pad = sizes[op] - len(idx)
+        grow = lambda a, v: jnp.pad(jnp.asarray(a, jnp.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
+                                    constant_values=v)
+        out[K.op_key(op, dt)] = KernelData(
+            op, grow(f, 0.0), grow(tc, 1.0), grow(tm, 1.0),
+            grow(table["latency_us"].values[idx], 1.0), grow(train.astype(np.float32), 0.0),
+            lo, hi, idx)
+    return out
+
+
+def init_op_params(d: KernelData, degree: int) -> dict:
+    """A data-informed start: intercepts from the median achieved fraction of peak in the rows
+    bound by each resource, latency half the fastest measurement, sharpness 3."""
+    p = K.neutral_op_params(d.kind, degree)
+    tc, tm, y = np.asarray(d.tc), np.asarray(d.tm), np.asarray(d.y)
+    keep = np.asarray(d.train) > 0
+    for name, mine, other in (("eff_c", tc, tm), ("eff_m", tm, tc)):
+        sel = keep & (mine >= other) & (mine > 0)
+        frac = float(np.median(mine[sel] / y[sel])) if sel.any() else 0.5
+        p[name] = p[name].at[0].set(K.logit(min(max(frac, 0.02), 0.95)))
+    p["latency"] = jnp.asarray(math.log(0.5 * float(y[keep].min())), jnp.float32)
+    p["sharpness"] = jnp.asarray(K.softplus_inv(2.0), jnp.float32)
+    p["lo"], p["hi"] = jnp.asarray(d.lo, jnp.float32), jnp.asarray(d.hi, jnp.float32)
+    return p
+
+
+def prior_strengths(p: dict, settings: FitSettings, n: float) -> dict:
+    """Per-leaf κ/N weights: surface terms get ``prior_terms``, intercepts and scalars
+    ``prior_scalars``; clamp bounds none."""
+    def surf(w):
+        s = jnp.full(w.shape, settings.prior_terms / n)
+        return s.at[0].set(settings.prior_scalars / n)
+    return {"eff_c": surf(p["eff_c"]), "eff_m": surf(p["eff_m"]),
+            "latency": jnp.asarray(settings.prior_scalars / n),
+            "sharpness": jnp.asarray(settings.prior_scalars / n),
+            "lo": jnp.zeros_like(p["lo"]), "hi": jnp.zeros_like(p["hi"])}
+
+
+def default_prior(kind: str, degree: int, d: KernelData) -> dict:
+    """Physical prior: 60% of peak on both resources, flat surface, 3 µs latency, q = 3."""
+    p = K.neutral_op_params(kind, degree)
+    for name in ("eff_c", "eff_m"):
+        p[name] = p[name].at[0].set(K.logit(0.6))
+    p["latency"] = jnp.asarray(math.log(3.0), jnp.float32)
+    p["sharpness"] = jnp.asarray(K.softplus_inv(2.0), jnp.float32)
+    p["lo"], p["hi"] = jnp.asarray(d.lo, jnp.float32), jnp.asarray(d.hi, jnp.float32)
+    return p
+
+
+def kernel_objective(p: dict, data: tuple):
+    """Mean squared log-ratio of one kernel kind/variant plus its prior (see module docstring).
+
+    ``mask`` (terms,) switches surface terms on (1) or off (0), for continuation in degree.
+    """
+    feats, tc, tm, y, train, center, strength, mask = data
+    q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
+    pred = K.op_time_from_features(q, feats, tc, tm)
+    return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
+
+
+def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | None) -> dict:
+    """Fit one kernel kind/variant by continuation in the surface degree.
+
+    The surfaces are not convex, and a direct fit of a degree-4 polynomial lands in different
+    local minima for different step sizes. So the degree-1 surface is fitted first (L-BFGS), then
+    the degree-2 terms are switched on and the fit resumed from there, and so on up to the full
+    degree; each stage starts where the simpler surface ended, so it never ends worse than it on
+    the training objective. One compiled program serves every stage (terms are masked).
+    """
+    n = float(np.asarray(d.train).sum())
+    strength = prior_strengths(center, settings, max(n, 1.0))
+    p = {**init, "lo": center["lo"], "hi": center["hi"]} if init is not None \
+        else init_op_params(d, settings.degree_of(d.kind))
+    k = K.OP_KINDS[d.kind]
+    order = K.exponents(len(k.descriptors), K.degree_of(len(k.descriptors),
+                                                        int(p["eff_c"].shape[0]))).sum(1)
+    best = np.inf
+    start = int(order.max()) if init is not None else 1   # a warm start already holds every term
+    for deg in range(start, int(order.max()) + 1):
+        mask = jnp.asarray(order <= deg, jnp.float32)
+        data = (d.feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
+        q, value = lbfgs(kernel_objective, p, data, settings.kernel_iters)
+        if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
+            p, best = q, value
+    return p
+
+
+def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
+                init: dict | None = None) -> dict:
+    """Stage 1: fit every kernel kind/variant in ``data``; returns {key: raw params}.
+
+    ``prior`` / ``init`` map keys to raw params (e.g. a reference GPU's, for a few-shot refit);
+    keys they lack use :func:`default_prior` / :func:`init_op_params`.
+    """
+    keys = sorted(data)
+    out = {}
+    bar = None
+    if settings.progress and keys:
+        from tqdm import tqdm
+        bar = tqdm(keys, desc="kernels", unit="kernel", leave=False, dynamic_ncols=True)
+    for k in keys:
+        d = data[k]
+        deg = settings.degree_of(d.kind)
+        c = (prior or {}).get(k) or default_prior(d.kind, deg, d)
+        c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
+        out[k] = fit_kernel(d, settings, c, (init or {}).get(k))
+        if bar is not None:
+            bar.set_postfix_str(k)
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# stage 2: steps
+
+def _overhead_init(datasets: list, params: dict, masks: list) -> np.ndarray:
+    """Start: non-negative least squares of the relative residual (measured − kernels)/measured
+    on the overhead counts."""
+    from scipy.optimize import nnls
+    rows, rhs = [], []
+    for d, m in zip(datasets, masks):
+        out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
+        kern = np.asarray(out["total"]) - np.asarray(out["overhead"])
+        counts = overhead_counts(d.model, d.tp, step_totals(d.batch))
+        rows.append((counts / d.measured_us[:, None])[m])
+        rhs.append(((d.measured_us - kern) / d.measured_us)[m])
+    x, _ = nnls(np.concatenate(rows), np.concatenate(rhs))
+    return np.maximum(x, 1e-3)
+
+
+def _gpu(name):
+    from roofcal.physics.hardware import load_gpu
+    return load_gpu(name)
+
+
+def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_masks: list,
+              step_prior: dict | None = None) -> dict:
+    """Stage 2: step-level overheads, kernel-group scales and the prefill–decode mix.
+
+    Kernel corrections stay as fitted on per-op data (``settings.finetune`` = 0), or move with
+    a prior of ``finetune`` pseudo-rows holding them to stage 1. Scales have a prior at 1.
+    """
+    params = {"ops": kernel_params, "step": K.neutral_step_params()}
+    if not datasets or not any(m.any() for m in train_masks):
+        return params
+    o = _overhead_init(datasets, params, train_masks)
+    params["step"]["overheads"] = jnp.asarray(np.log(o), jnp.float32)
+    params["step"]["mix"] = jnp.asarray(K.softplus_inv(1e-3), jnp.float32)
+    center = step_prior or {"overheads": params["step"]["overheads"],
+                            "scales": params["step"]["scales"], "mix": params["step"]["mix"]}
+    n = float(sum(m.sum() for m in train_masks))
+    strength = {"overheads": jnp.full(len(K.STEP_OVERHEADS), 1e-3 / n),
+                "scales": jnp.full(len(K.STEP_SCALES), settings.prior_scales / n),
+                "mix": jnp.asarray(1e-3 / n)}
+    sets = [(d, jnp.asarray(m, jnp.float32), jnp.asarray(d.measured_us, jnp.float32), _gpu(d.gpu))
+            for d, m in zip(datasets, train_masks)]
+    free_kernels = settings.finetune > 0
+    k_strength = jax.tree_util.tree_map(lambda x: jnp.full(jnp.shape(x), settings.finetune / n),
+                                        kernel_params)
+
+    def loss(x, data=None):
+        ops = x["ops"] if free_kernels else kernel_params
+        ps = {"ops": ops, "step": x["step"]}
+        total, count = 0.0, 0.0
+        for d, w, y, g in sets:
+            pred = step_breakdown(ps, d.model, g, d.tp, d.batch)["total"]
+            total = total + log_ratio_sq(pred, y, w) * jnp.sum(w)
+            count = count + jnp.sum(w)
+        reg = prior_penalty(x["step"], center, strength)
+        if free_kernels:
+            reg = reg + prior_penalty(x["ops"], kernel_params, k_strength)
+        return total / count + reg
+
+    x = {"step": params["step"], **({"ops": kernel_params} if free_kernels else {})}
+    x, _ = minimize(loss, x, (), settings.step_iters, settings.lr, desc="steps",
+                    progress=settings.progress)
+    return {"ops": x.get("ops", kernel_params), "step": x["step"]}
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation and the whole fit
+
+def kernel_metrics(table: pd.DataFrame, params: dict, gpu: GPUSpec, test: np.ndarray) -> dict:
+    """{'train': {key: summary}, 'heldout': {key: summary}} for every kernel kind/variant."""
+    pred = predict_table(table, params, gpu)
+    out = {"train": {}, "heldout": {}}
+    for g, op, dt, idx in groups(table):
+        key = K.op_key(op, dt)
+        for split, sel in (("train", ~test[idx]), ("heldout", test[idx])):
+            rows = idx[sel]
+            out[split][key] = error_summary(pred["predicted_us"].values[rows],
+                                            pred["latency_us"].values[rows])
+    return out
+
+
+def step_predictions(datasets: list, params: dict) -> pd.DataFrame:
+    """One row per measured step: description, measured, predicted and every component (µs)."""
+    frames = []
+    for d in datasets:
+        out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
+        df = d.describe()
+        df["predicted_us"] = np.asarray(out["total"], np.float64)
+        for k, v in out.items():
+            if k not in NON_COMPONENT:
+                df[f"{k}_us"] = np.asarray(v, np.float64)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def step_metrics(pred: pd.DataFrame, test: np.ndarray) -> dict:
+    """{'train'|'heldout': {'steps/<phase>': summary}} over the step predictions."""
+    out = {"train": {}, "heldout": {}}
+    for split, sel in (("train", ~test), ("heldout", test)):
+        for phase in sorted(set(pred["phase"])):
+            rows = sel & (pred["phase"].values == phase)
+            if rows.any():
+                out[split][f"steps/{phase}"] = error_summary(pred["predicted_us"].values[rows],
+                                                             pred["measured_us"].values[rows])
+    return out
+
+
+@dataclass
+class FitResult:
+    coeffs: Coefficients
+    kernel_test: np.ndarray
+    step_test: list = field(default_factory=list)
+    step_table: pd.DataFrame | None = None
+
+
+def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSettings = FitSettings(),
+        prior: Coefficients | None = None, provenance: list | None = None) -> FitResult:
+    """Fit a coefficient set for ``gpu`` from per-op rows (``table``) and/or step datasets.
+
+    ``prior``: coefficients to centre the priors on (and start from), e.g. a bootstrapped file
+    for a few-shot fit; kernel kinds it lacks use the physical default prior.
+    """
+    import time
+    clock = time.time()
+
+    def log(msg):
+        if settings.progress:
+            print(f"  [{time.time() - clock:5.1f} s] {msg}", flush=True)
+
+    table = table if table is not None else pd.DataFrame(columns=["gpu", "op", "dtype", "latency_us"])
+    table = table.reset_index(drop=True)
+    labels = (table["op"] + "/" + table["dtype"]).to_numpy() if len(table) else np.array([])
+    test = split_rows(labels, settings.holdout, settings.seed)
+    data = kernel_data(table, gpu, test, settings)
+    prior_ops = dict(prior.params["ops"]) if prior is not None else {}
+    log(f"prepared {len(table)} per-op rows in {len(data)} kernel kinds/variants")
+    kernel = fit_kernels(data, settings, prior=prior_ops, init=prior_ops)
+    log("stage 1 (kernels) done")
+    # kinds with no rows keep the prior's (or neutral) corrections
+    ops = {**prior_ops, **kernel}
+
+    step_tests = [split_groups(d.config, settings.holdout, settings.seed + 1) for d in steps]
+    params = fit_steps(steps, ops, settings, [~t for t in step_tests]) if steps else \
+        {"ops": ops, "step": prior.params["step"] if prior is not None else K.neutral_step_params()}
+
+    if steps:
+        log(f"stage 2 (steps: {sum(len(d) for d in steps)} measured) done")
+    notes = [] if prior is None else \
+        [f"fitted with priors centred on {prior.source}"] + [f"prior: {n}" for n in prior.notes]
+    c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
+                     data=provenance or [], fit=settings.record())
+    if prior is not None:
+        c.fit["prior"] = prior.source
+    if steps:
+        c.fit["deployments"] = [{"model": m, "tp": t} for m, t in
+                                sorted({(d.model.ref, d.tp) for d in steps})]
+    c = roundtrip(c)                        # metrics of exactly what the file will hold
+    metrics = kernel_metrics(table, c.params, gpu, test) if len(table) else {"train": {}, "heldout": {}}
+    step_table = None
+    if steps:
+        step_table = step_predictions(steps, c.params)
+        sm = step_metrics(step_table, np.concatenate(step_tests))
+        for split in ("train", "heldout"):
+            metrics[split].update(sm[split])
+    c.metrics = _round_metrics(metrics)
+    log("metrics done")
+    return FitResult(c, test, step_tests, step_table)
+
+
+def _round_metrics(m):
+    if isinstance(m, dict):
+        return {k: _round_metrics(v) for k, v in m.items()}
+    return round(m, 4) if isinstance(m, float) else m

@@ -1,0 +1,203 @@
+"""``roofcal blis check|fit`` and ``roofcal export blis|hardware``: thin wrappers over
+:mod:`roofcal.blis.goldens`, :mod:`roofcal.blis.fit` and :mod:`roofcal.blis.export`.
+
+Examples::
+
+    roofcal blis check --goldens data/blis/trained_physics_goldens.json
+    roofcal blis fit --coeffs coeffs/h100_sxm.yaml --out h100_blis.yaml
+    roofcal export blis --coeffs coeffs/h100_sxm.yaml --defaults defaults.yaml --out new_defaults.yaml --flags
+    roofcal export blis --coeffs h100_blis.yaml --defaults defaults.yaml --in-place
+    roofcal export hardware --gpu h100_sxm --into hardware_config.json
+"""
+
+from __future__ import annotations
+
+import time
+
+from roofcal.errors import RoofcalError
+
+
+def _deployments(a):
+    """Deployments from ``--model`` × ``--tp`` (None when neither is given). A model written
+    ``NAME:T1,T2`` carries its own TP degrees instead of ``--tp``'s."""
+    import re
+
+    from roofcal.blis.fit import Deployment
+
+    if not a.model and not a.tp:
+        return None
+    out, plain = [], False
+    for m in a.model or []:
+        own = re.fullmatch(r"(.+):(\d+(?:,\d+)*)", m)
+        if own:
+            out += [Deployment(own.group(1), int(t)) for t in own.group(2).split(",")]
+        else:
+            plain = True
+            out += [Deployment(m, t) for t in a.tp or []]
+    if not a.model or (plain and not a.tp):
+        raise RoofcalError("give both --model and --tp (every model is distilled at every TP), "
+                           "or --model NAME:TP[,TP...]")
+    if a.tp and not plain:
+        raise RoofcalError("--tp given but every --model names its own TP degrees (NAME:TP,...)")
+    return out
+
+
+def _settings(a):
+    from roofcal.blis.fit import BlisFitSettings
+
+    if a.samples < 0:
+        raise RoofcalError(f"--samples must be ≥ 0, got {a.samples}")
+    if not 0.0 <= a.holdout < 1.0:
+        raise RoofcalError(f"--holdout must be in [0, 1), got {a.holdout}")
+    return BlisFitSettings(seed=a.seed, holdout=a.holdout, samples=a.samples, iters=a.iters)
+
+
+def metrics_table(metrics: dict) -> str:
+    """Held-out MAPE side by side: native model, BLIS-form fit, input defaults' betas."""
+    from roofcal.tables import table
+
+    rows = []
+    for source, groups in metrics.get("heldout", {}).items():
+        for group, m in groups.items():
+            rows.append({
+                "held out": f"{source} / {group}",
+                "n": m.get("n"),
+                "native MAPE %": m.get("native_mape", 0.0 if source == "distill" else None),
+                "BLIS-form MAPE %": m.get("blis_mape"),
+                "BLIS-form p90 %": m.get("blis_p90"),
+                "BLIS-form bias %": m.get("blis_bias"),
+                "input betas MAPE %": m.get("input_mape"),
+            })
+    cols = ["held out", "n", "native MAPE %", "BLIS-form MAPE %", "BLIS-form p90 %", "BLIS-form bias %",
+            "input betas MAPE %"]
+    note = "\n(distill: targets are the native model's predictions, so its error there is 0)"
+    return table(rows, cols) + (note if "distill" in metrics.get("heldout", {}) else "")
+
+
+def _print_form(form) -> None:
+    from roofcal.blis.fit import BETA_NAMES
+
+    print(metrics_table(form.metrics))
+    print(f"hardware entry: {form.hardware}; deployments: "
+          + ", ".join(f"{d.model} TP{d.tp}" for d in form.deployments))
+    kept = set(form.provenance.get("beta_kept_from_defaults", []))
+    for name, value in zip(BETA_NAMES, form.beta):
+        print(f"  {name:36s} {value!r}" + ("   (kept from defaults: no data)" if name in kept else ""))
+    print(f"alphas {list(form.alpha)}: {form.alpha_source}")
+
+
+def cmd_check(a) -> int:
+    from roofcal.blis.goldens import check_goldens
+
+    report = check_goldens(a.goldens)
+    print(f"{report.n_cases} cases, largest absolute difference {report.max_abs_diff_us} µs")
+    if not report.ok:
+        for cid, want, got in report.mismatches[:10]:
+            print(f"  mismatch {cid}: BLIS {want} µs, roofcal {got} µs")
+        print(f"{len(report.mismatches)} of {report.n_cases} cases differ")
+        return 1
+    return 0
+
+
+def cmd_fit(a) -> None:
+    from roofcal.blis.distill import fit_form
+    from roofcal.blis.form import save_form
+
+    t0 = time.time()
+    form = fit_form(a.coeffs, a.defaults, a.hardware_config, a.hardware, _deployments(a), a.steps or (),
+                    _settings(a), steps_gpu=a.gpu)
+    save_form(form, a.out)
+    _print_form(form)
+    print(f"wrote {a.out} in {time.time() - t0:.1f} s")
+
+
+def cmd_export_blis(a) -> None:
+    from roofcal.blis.distill import export_blis
+
+    t0 = time.time()
+    if not (a.out or a.in_place or a.flags):
+        raise RoofcalError("export blis: give --out FILE, --in-place, or --flags")
+    result = export_blis(a.coeffs, a.defaults, a.out, a.in_place, _deployments(a), a.hardware_config,
+                         a.hardware, _settings(a))
+    if result.form.metrics:
+        _print_form(result.form)
+    if result.out is not None:
+        print(f"wrote {result.out}" + (f" (backup {result.backup})" if result.backup else "")
+              + f" in {time.time() - t0:.1f} s")
+        print(f"  # {result.comment}")
+    if a.flags:
+        print(result.flags)
+
+
+def cmd_export_hardware(a) -> None:
+    import json
+
+    from roofcal.blis.hardware_json import export_hardware
+
+    result = export_hardware(a.gpu, a.coeffs, a.into, a.out, a.name)
+    if result.out is None:
+        print(result.text, end="")
+    else:
+        print(json.dumps({result.name: result.entry}, indent=1, ensure_ascii=False))
+        print(f"wrote entry '{result.name}' to {result.out}" + (f" (backup {result.backup})" if result.backup else ""))
+
+
+def _fit_options(s) -> None:
+    from roofcal import resources
+    from roofcal.blis.fit import BlisFitSettings
+
+    d = BlisFitSettings()
+
+    s.add_argument("--model", action="append", help="model to distil for, at every --tp, or NAME:TP[,TP...] "
+                   "(repeatable; default: the coefficient file's fit.deployments)")
+    s.add_argument("--tp", action="append", type=int, help="TP degree to distil for (repeatable; with --model)")
+    s.add_argument("--hardware-config", default=str(resources.BLIS_HARDWARE),
+                   help="BLIS hardware_config.json (default: the bundled one)")
+    s.add_argument("--hardware", help="its entry to fit for (default: the entry aliasing the coefficients' GPU)")
+    s.add_argument("--samples", type=int, default=d.samples,
+                   help=f"distillation steps per deployment (default {d.samples})")
+    s.add_argument("--seed", type=int, default=d.seed, help=f"seed of the sample and held-out split (default {d.seed})")
+    s.add_argument("--holdout", type=float, default=d.holdout, help=f"held-out fraction (default {d.holdout})")
+    s.add_argument("--iters", type=int, default=d.iters, help=f"L-BFGS iterations (default {d.iters})")
+
+
+def register(sub) -> None:
+    """Add ``blis check``, ``blis fit``, ``export blis`` and ``export hardware``."""
+    from roofcal import resources
+
+    blis = sub.add_parser("blis", help="BLIS trained-physics: check the basis against goldens, fit BLIS-form betas") \
+        .add_subparsers(dest="blis_command", required=True)
+    s = blis.add_parser("check", help="recompute a BLIS goldens file; exit 0 only if every case matches")
+    s.add_argument("--goldens", default=str(resources.BLIS / "trained_physics_goldens.json"),
+                   help="goldens JSON (default: the bundled BLIS goldens)")
+    s.set_defaults(func=cmd_check)
+
+    s = blis.add_parser("fit", help="fit BLIS-form betas (distillation and/or measured steps) to a roofcal-blis/1 file")
+    s.add_argument("--coeffs", help="roofcal coefficient file to distil")
+    s.add_argument("--steps", nargs="+", help="measured whole-step files (step JSONL, splitwise CSV) to fit as well")
+    s.add_argument("--gpu", help="GPU of step JSONL rows that do not name one")
+    s.add_argument("--defaults", default=str(resources.BLIS_DEFAULTS),
+                   help="BLIS defaults.yaml: alphas kept, betas centre the prior (default: bundled)")
+    _fit_options(s)
+    s.add_argument("--out", required=True, help="BLIS-form file to write")
+    s.set_defaults(func=cmd_fit)
+
+    export = sub.add_parser("export", help="export coefficients for other simulators") \
+        .add_subparsers(dest="export_command", required=True)
+    s = export.add_parser("blis", help="write BLIS-form betas into a BLIS defaults.yaml")
+    s.add_argument("--coeffs", required=True, help="roofcal coefficient file (fitted here by distillation) "
+                   "or BLIS-form file (from 'roofcal blis fit')")
+    s.add_argument("--defaults", required=True, help="BLIS defaults.yaml to start from")
+    s.add_argument("--out", help="defaults.yaml to write")
+    s.add_argument("--in-place", action="store_true", help="overwrite --defaults, keeping a .bak backup")
+    s.add_argument("--flags", action="store_true", help="print the equivalent 'blis run' coefficient flags")
+    _fit_options(s)
+    s.set_defaults(func=cmd_export_blis)
+
+    s = export.add_parser("hardware", help="write a BLIS hardware_config.json entry for a GPU")
+    s.add_argument("--gpu", required=True, help="roofcal GPU name, alias or datasheet path")
+    s.add_argument("--coeffs", help="coefficient file for the MFUs (default: bundled coeffs/<gpu>.yaml)")
+    s.add_argument("--into", help="hardware_config.json to merge into (written in place with a backup unless --out)")
+    s.add_argument("--out", help="file to write (default: --into; neither: print the JSON)")
+    s.add_argument("--name", help="entry name (default: the BLIS name aliasing the GPU, e.g. H100)")
+    s.set_defaults(func=cmd_export_hardware)

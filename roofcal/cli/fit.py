@@ -1,0 +1,47 @@
+"""``roofcal fit``: fit a coefficient file to measurements (:func:`roofcal.calibration.fit.fit`)."""
+
+from __future__ import annotations
+
+
+def cmd_fit(a) -> None:
+    import time
+    from roofcal.model import coeffs as coeff_io
+    from roofcal.measurements import datasets
+    from roofcal import resources
+    from roofcal.calibration.fit import FEW_SHOT_KAPPA, FitSettings, fit
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.tables import metrics_table
+    t0 = time.time()
+    gpu = load_gpu(a.gpu)
+    paths = a.data or datasets.bundled_paths(gpu.name)
+    prior = coeff_io.load(a.prior, gpu) if a.prior else None
+    m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)
+    kappa = a.prior_weight if a.prior_weight is not None else (FEW_SHOT_KAPPA if a.prior else None)
+    weight = {} if kappa is None else {"prior_terms": kappa, "prior_scalars": kappa}
+    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet, **weight)
+    n_ops = 0 if m.ops is None else len(m.ops)
+    print(f"fitting {gpu.name}: {n_ops} per-op rows, {sum(len(d) for d in m.steps)} steps "
+          f"from {len(m.provenance)} files", flush=True)
+    result = fit(gpu, m.ops, m.steps, settings, prior=prior, provenance=m.provenance)
+    out = a.out or resources.COEFFS / f"{gpu.name}.yaml"
+    coeff_io.save(result.coeffs, out)
+    print(metrics_table(result.coeffs.metrics))
+    print(f"wrote {out} in {time.time() - t0:.1f} s")
+
+
+def register(sub) -> None:
+    """Add the ``fit`` subcommand."""
+    s = sub.add_parser("fit", help="fit corrections to measurements (default: the bundled H100 data)")
+    s.add_argument("--gpu", default="h100_sxm", help="GPU the measurements are from (default h100_sxm)")
+    s.add_argument("--data", nargs="+", help="measurement files or folders (default: bundled for --gpu)")
+    s.add_argument("--model", help="model of step JSONL rows that do not name one")
+    s.add_argument("--tp", type=int, help="TP of step JSONL rows that do not name one")
+    s.add_argument("--prior", help="coefficient file to centre the priors on (few-shot refit)")
+    s.add_argument("--prior-weight", type=float, help="strength of the priors in pseudo-rows "
+                   "(default 1 with --prior, best on the A100 learning curve; "
+                   "else 0.01: the data decides)")
+    s.add_argument("--out", help="coefficient file to write (default coeffs/<gpu>.yaml)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
+    s.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_fit)

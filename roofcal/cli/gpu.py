@@ -1,0 +1,154 @@
+"""``roofcal gpu list|show|bootstrap`` and ``roofcal whatif``: GPUs known by their datasheets.
+
+* ``gpu list``: every bundled datasheet (dense peaks, bandwidths, SMs, balance point) and its
+  sources.
+* ``gpu show NAME|FILE.yaml``: one datasheet in full; a file is validated (missing fields and
+  sparsity figures are refused with the field named).
+* ``gpu bootstrap --datasheet NAME|FILE.yaml --from REF.yaml --out NEW.yaml``: zero-shot
+  coefficients for a new GPU (:mod:`roofcal.bootstrap`), marked ``calibrated: false``.
+* ``whatif --steps S --set field=value ...``: step times before and after a datasheet change and
+  the elasticity of each phase's time to every field (:mod:`roofcal.whatif`).
+"""
+
+from __future__ import annotations
+
+#: SI prefixes of the units in :data:`roofcal.hardware.NUMERIC_FIELDS`
+PREFIXES = {"1e12 ": "T", "1e9 ": "G"}
+
+
+def shown_fields() -> dict:
+    """{field: unit} of the numbers ``gpu show`` prints: the datasheet's numeric fields
+    (:data:`roofcal.hardware.NUMERIC_FIELDS`), units with SI prefixes (``1e12 B/s`` → ``TB/s``)."""
+    from roofcal.physics.hardware import NUMERIC_FIELDS
+    out = {}
+    for f, unit in NUMERIC_FIELDS.items():
+        for power, prefix in PREFIXES.items():
+            unit = unit.replace(power, prefix)
+        out[f] = unit
+    return out
+
+
+def gpu_rows(gpus) -> list[dict]:
+    """One summary row per GPU for ``gpu list``."""
+    return [{"name": g.name, "display name": g.display_name, "BF16 TFLOP/s": g.bf16_tflops,
+             "FP8 TFLOP/s": g.fp8_tflops or "-", "HBM TB/s": g.hbm_bandwidth_tbs,
+             "GiB": g.hbm_capacity_gib, "link": g.interconnect,
+             "link GB/s": g.interconnect_bandwidth_gbs, "SMs": g.sm_count,
+             "balance FLOP/B": g.balance_flops_per_byte} for g in gpus]
+
+
+def list_text() -> str:
+    """``roofcal gpu list``: the bundled datasheets and their sources."""
+    from roofcal.physics.hardware import bundled_gpus
+    from roofcal.tables import table
+    gpus = bundled_gpus()
+    rows = gpu_rows(gpus)
+    lines = [table(rows, list(rows[0]), floats="{:g}"), "", "sources:"]
+    for g in gpus:
+        lines.append(f"  {g.name}:")
+        lines += [f"    - {s}" for s in g.sources]
+    return "\n".join(lines)
+
+
+def show_text(name: str) -> str:
+    """``roofcal gpu show``: every field of one datasheet, with units and sources."""
+    from roofcal.physics.hardware import load_gpu
+    g = load_gpu(name)
+    lines = [f"{g.name}: {g.display_name}"]
+    if g.aliases:
+        lines.append(f"  aliases: {', '.join(g.aliases)}")
+    for f, unit in shown_fields().items():
+        v = getattr(g, f)
+        shown = f"{v:g} {unit}" if v else "- (absent: runs at the BF16 peak)"
+        lines.append(f"  {f}: {shown}")
+    lines.append(f"  interconnect: {g.interconnect} (link bandwidth per GPU, one direction)")
+    lines.append(f"  balance point (BF16 / HBM): {g.balance_flops_per_byte:.1f} FLOP/byte")
+    lines.append(f"  datasheet sha256: {g.sha256()}")
+    lines.append("  sources:")
+    lines += [f"    - {s}" for s in g.sources]
+    return "\n".join(lines)
+
+
+def cmd_gpu_list(a) -> None:
+    print(list_text())
+
+
+def cmd_gpu_show(a) -> None:
+    print(show_text(a.name))
+
+
+def cmd_gpu_bootstrap(a) -> None:
+    from roofcal.transfer.bootstrap import bootstrap_file
+    c = bootstrap_file(a.from_, a.datasheet, a.out, ref_datasheet=a.from_datasheet, rule=a.rule)
+    print(f"wrote {a.out}: zero-shot coefficients for {c.gpu} (calibrated: false), "
+          f"{len(c.params['ops'])} kernel kinds/variants")
+    for n in c.notes:
+        print(f"  - {n}")
+
+
+def cmd_whatif(a) -> None:
+    from roofcal.io import write_csv_atomic
+    from roofcal.tables import table
+    from roofcal.transfer.whatif import FIELDS, by_phase, describe, parse_changes, whatif
+    changes = parse_changes(a.set)
+    df = whatif(a.steps, coeffs=a.coeffs, model=a.model, gpu=a.gpu, tp=a.tp, changes=changes,
+                rule=None if a.fixed_efficiency else a.rule)
+    phases = by_phase(df)
+    what = ", ".join(f"{k}={v:g}" for k, v in changes.items()) or "no change"
+    how = "fixed in shape" if a.fixed_efficiency else f"carried by bootstrap rule '{a.rule}'"
+    print(f"what-if: {what} (coefficients: {a.coeffs or 'neutral roofline'}; efficiency "
+          f"surfaces {how})")
+    times = phases.rename(columns={"before_us": "before µs (mean)", "after_us": "after µs (mean)",
+                                   "change_pct": "change % (total)"})
+    print(table(times.to_dict("records"), ["phase", "steps", "before µs (mean)", "after µs (mean)",
+                                           "change % (total)"], floats="{:.1f}"))
+    used = [f for f in FIELDS if phases[f"d_{f}"].abs().max() >= 5e-4]
+    zero = [f for f in FIELDS if f not in used]
+    print("\nelasticity ∂ log t / ∂ log field at the current datasheet (per phase, time-weighted):")
+    el = phases.rename(columns={f"d_{f}": f for f in FIELDS}).rename(
+        columns={"fixed_share": "fixed share"})
+    print(table(el.to_dict("records"), ["phase"] + used + ["fixed share"], floats="{:.3f}"))
+    if zero:
+        print(f"elasticity 0 in every phase: {', '.join(zero)}")
+    for line in describe(phases):
+        print(line)
+    if a.out:
+        write_csv_atomic(df, a.out)
+        print(f"wrote {len(df)} rows to {a.out}")
+
+
+def register(sub) -> None:
+    """Add ``gpu`` (list, show, bootstrap) and ``whatif`` to the ``roofcal`` subcommands."""
+    from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES
+    g = sub.add_parser("gpu", help="GPU datasheets: list, show, bootstrap coefficients")
+    gs = g.add_subparsers(dest="gpu_command", required=True)
+    s = gs.add_parser("list", help="bundled datasheets with their sources")
+    s.set_defaults(func=cmd_gpu_list)
+    s = gs.add_parser("show", help="one datasheet in full (bundled name, alias or .yaml path)")
+    s.add_argument("name")
+    s.set_defaults(func=cmd_gpu_show)
+    s = gs.add_parser("bootstrap", help="zero-shot coefficients for a GPU from its datasheet")
+    s.add_argument("--datasheet", required=True, help="new GPU: bundled name or datasheet .yaml")
+    s.add_argument("--from", dest="from_", required=True, help="reference coefficient file")
+    s.add_argument("--from-datasheet", help="datasheet of the reference GPU when not bundled")
+    s.add_argument("--rule", default=DEFAULT_RULE, choices=RULES,
+                   help=f"how efficiency surfaces transfer (default {DEFAULT_RULE}; see "
+                        f"roofcal/transfer/bootstrap.py)")
+    s.add_argument("--out", required=True, help="coefficient file to write")
+    s.set_defaults(func=cmd_gpu_bootstrap)
+
+    s = sub.add_parser("whatif", help="step times on a changed datasheet, and sensitivities")
+    s.add_argument("--steps", required=True, help="step JSONL file")
+    s.add_argument("--coeffs", help="coefficient file (default: neutral roofline defaults)")
+    s.add_argument("--model", help="bundled model name or config.json (for steps without one)")
+    s.add_argument("--gpu", help="bundled GPU name or datasheet (for steps without one)")
+    s.add_argument("--tp", type=int, help="tensor-parallel degree (for steps without one)")
+    s.add_argument("--set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
+                   help="datasheet changes, e.g. hbm_bandwidth_tbs=4.8")
+    s.add_argument("--rule", default=DEFAULT_RULE, choices=RULES,
+                   help="how efficiency surfaces follow the datasheet (as gpu bootstrap)")
+    s.add_argument("--fixed-efficiency", action="store_true",
+                   help="keep efficiency surfaces fixed in shape whatever changes")
+    s.add_argument("--out", help="per-step CSV (before, after, elasticities)")
+    s.set_defaults(func=cmd_whatif)
+

@@ -1,0 +1,70 @@
+"""The ``roofcal`` command line: every command is a thin wrapper over a documented function.
+
+Errors in the input print one line, ``roofcal: error: …``, and exit with status 2; nothing is
+written. A check that runs but fails (``roofcal blis check``) exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from roofcal.errors import RoofcalError
+
+
+def enable_compilation_cache() -> None:
+    """Keep XLA's compiled programs on disk (``$ROOFCAL_CACHE``, default ``~/.cache/roofcal``),
+    so repeated fits skip compilation (outputs are identical either way). ``ROOFCAL_CACHE=off``
+    disables it."""
+    import os
+    where = os.environ.get("ROOFCAL_CACHE", os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "roofcal"))
+    if where.lower() in ("off", "0", "none", ""):
+        return
+    try:
+        os.makedirs(where, exist_ok=True)
+        import jax
+        jax.config.update("jax_compilation_cache_dir", os.path.join(where, "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    except OSError:
+        pass                                   # read-only home: run without the cache
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="roofcal", description=__doc__.splitlines()[0])
+    from roofcal import __version__
+    p.add_argument("--version", action="version", version=f"roofcal {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _register_plugins(sub)
+    return p
+
+
+#: one module per command group, in the order ``roofcal -h`` lists them; each defines
+#: ``register(subparsers)``
+COMMAND_MODULES = ("roofcal.cli.predict", "roofcal.cli.fit", "roofcal.cli.bench", "roofcal.cli.blis",
+                   "roofcal.cli.residuals", "roofcal.cli.gpu")
+
+
+def _register_plugins(sub) -> None:
+    import importlib
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+
+
+def main(argv=None) -> int:
+    enable_compilation_cache()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)             # a handler may return a non-zero exit status
+    except RoofcalError as e:
+        print(f"roofcal: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("roofcal: interrupted", file=sys.stderr)
+        return 130
+    return code if isinstance(code, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""``roofcal predict``: step times with a breakdown (:func:`roofcal.model.predict.predict`), or
+every row of a per-op table (:func:`roofcal.model.predict.predict_ops`)."""
+
+from __future__ import annotations
+
+from roofcal.errors import RoofcalError
+
+
+def cmd_predict(a) -> None:
+    from roofcal.io import write_csv_atomic
+    if a.ops:
+        from roofcal.model.predict import predict_ops
+        df = predict_ops(a.ops, coeffs=a.coeffs)
+    else:
+        if not a.steps:
+            raise RoofcalError("predict: give --steps FILE (step JSONL) or --ops FILE (per-op CSV)")
+        from roofcal.model.predict import predict
+        df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs)
+    write_csv_atomic(df, a.out)
+    print(f"wrote {len(df)} rows to {a.out}")
+
+
+def register(sub) -> None:
+    """Add the ``predict`` subcommand."""
+    s = sub.add_parser("predict", help="predict step times (or per-op kernel times) with a breakdown")
+    s.add_argument("--steps", help="step JSONL file")
+    s.add_argument("--ops", help="per-op measurement CSV (predicts every row)")
+    s.add_argument("--model", help="bundled model name or config.json path (for steps without one)")
+    s.add_argument("--gpu", help="bundled GPU name or datasheet path (for steps without one)")
+    s.add_argument("--tp", type=int, help="tensor-parallel degree (for steps without one)")
+    s.add_argument("--coeffs", help="coefficient file (default: neutral roofline defaults)")
+    s.add_argument("--out", required=True, help="output CSV")
+    s.set_defaults(func=cmd_predict)
+

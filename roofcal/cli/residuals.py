@@ -1,0 +1,40 @@
+"""``roofcal residuals``: where a coefficient file's error comes from (wraps
+:func:`roofcal.inspection.report.residuals`)."""
+
+from __future__ import annotations
+
+
+def cmd_residuals(a) -> None:
+    import time
+    from roofcal.inspection.report import residuals, terminal_text
+    t0 = time.time()
+    data = a.data if a.data else None
+    res = residuals(a.coeffs, data, a.out, gpu=a.gpu, model=a.model, tp=a.tp, blis=a.blis,
+                    plots=not a.no_plots, worst=a.worst, top=a.top)
+    print(terminal_text(res.summary))
+    print(f"wrote {len(res.files)} files to {a.out} in {time.time() - t0:.1f} s")
+
+
+def register(sub) -> None:
+    """Add the ``residuals`` subcommand to the ``roofcal`` parser's subparsers."""
+    s = sub.add_parser(
+        "residuals", help="inspect a model's errors: per op, component and regime, with plots",
+        description="Compare a coefficient file's predictions with measurements and show which "
+                    "component and which regime the error comes from. Writes residuals.csv, "
+                    "attribution.csv, summary.md and PNG plots into --out.")
+    s.add_argument("--coeffs", help="roofcal coefficient file (its GPU chooses the bundled data)")
+    s.add_argument("--blis", metavar="PATH",
+                   help="inspect BLIS trained-physics coefficients instead: a BLIS defaults.yaml "
+                        "(trained_physics_coefficients) or BLIS-form YAML; steps only")
+    s.add_argument("--data", nargs="+", metavar="D",
+                   help="measurement files or folders (per-op tables, splitwise CSV, step JSONL), "
+                        "or 'bundled' (default: the bundled data of the GPU)")
+    s.add_argument("--gpu", help="GPU of the measurements (default: the coefficient file's)")
+    s.add_argument("--model", help="model of step JSONL rows without one; keeps only its steps")
+    s.add_argument("--tp", type=int, help="TP of step JSONL rows without one; keeps only its steps")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
+    s.add_argument("--worst", type=int, default=20, help="worst rows listed per kind (default 20)")
+    s.add_argument("--top", type=int, default=12,
+                   help="attribution lines per kind of row (default 12)")
+    s.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
+    s.set_defaults(func=cmd_residuals)

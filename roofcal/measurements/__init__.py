@@ -1,0 +1,6 @@
+"""Measurements: readers of what was timed, kept apart from prediction.
+
+In: per-op tables (aiconfigurator parquet, interchange CSV) and whole-step files (step JSONL, splitwise CSV).
+Out: validated per-op tables and :class:`.stepdata.StepData`, with file provenance (:func:`.datasets.load`).
+Open first: ``datasets.py``.
+"""

@@ -1,0 +1,100 @@
+"""Measurement files → an op table and step datasets, with provenance; the bundled defaults.
+
+A ``--data`` path may be: a folder of per-op tables, an aiconfigurator ``.parquet`` table, a
+per-op interchange ``.csv``, a splitwise ``.csv`` (recognised by its columns) or a step
+``.jsonl`` with ``duration_us``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from roofcal import resources
+from roofcal.errors import RoofcalError
+from roofcal.io import sha256_file
+from roofcal.measurements.ops import read_ops
+from roofcal.measurements.stepdata import SPLITWISE_COLUMNS, read_splitwise, read_step_jsonl
+
+#: what ``roofcal fit --gpu G`` fits when no ``--data`` is given (relative to the source tree)
+BUNDLED = {
+    "h100_sxm": ["data/microbench/h100_sxm/vllm-0.14.0", "data/microbench/h100_sxm/nccl-2.27.3",
+                 "data/steps/splitwise/llama2-70b_h100-80gb_tp4_tp8.csv"],
+    "a100_sxm": ["data/microbench/a100_sxm/vllm-0.14.0", "data/microbench/a100_sxm/nccl-2.27.3"],
+}
+
+
+@dataclass
+class Measurements:
+    """Everything one fit or report reads."""
+
+    ops: pd.DataFrame | None = None
+    steps: list = field(default_factory=list)
+    provenance: list = field(default_factory=list)
+
+
+def bundled_paths(gpu: str) -> list[Path]:
+    if gpu not in BUNDLED:
+        raise RoofcalError(f"no bundled measurements for GPU '{gpu}' (bundled: "
+                           f"{', '.join(BUNDLED)}); give --data FILE")
+    return [resources.ROOT / p for p in BUNDLED[gpu]]
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".csv", ".jsonl"))
+        if not files:
+            raise RoofcalError(f"{path}: folder holds no .parquet, .csv or .jsonl measurements")
+        return files
+    if not path.exists():
+        raise RoofcalError(f"{path}: no such file")
+    return [path]
+
+
+def is_splitwise(path: Path) -> bool:
+    try:
+        header = set(pd.read_csv(path, nrows=0).columns)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        return False
+    return SPLITWISE_COLUMNS <= header
+
+
+def load(paths, gpu: str | None = None, model=None, tp=None) -> Measurements:
+    """Read measurement files; ``model``/``tp`` apply to step JSONL rows that do not name them.
+
+    Per-op rows for another GPU than ``gpu`` are refused (one fit is for one GPU).
+    """
+    m = Measurements()
+    frames = []
+    for p in paths:
+        for f in _files(Path(p)):
+            name = resources.display(f)
+            if f.suffix == ".jsonl":
+                data = read_step_jsonl(f, model=model, gpu=gpu, tp=tp, source=name)
+                m.steps.extend(data)
+                kind, rows = "steps", sum(len(d) for d in data)
+            elif f.suffix == ".csv" and is_splitwise(f):
+                data = read_splitwise(f, source=name)
+                m.steps.extend(data)
+                kind, rows = "steps (splitwise)", sum(len(d) for d in data)
+            else:
+                df = read_ops(f)
+                frames.append(df)
+                kind, rows = "per-op", len(df)
+            m.provenance.append({"path": name, "sha256": sha256_file(f), "kind": kind, "rows": rows})
+    if frames:
+        m.ops = pd.concat(frames, ignore_index=True)
+    if gpu is not None:
+        if m.ops is not None:
+            other = sorted(set(m.ops["gpu"]) - {gpu})
+            if other:
+                src = m.ops.loc[m.ops["gpu"] == other[0], "source"].iloc[0]
+                raise RoofcalError(f"{src}: rows are for GPU '{other[0]}', not '{gpu}'")
+        for d in m.steps:
+            if d.gpu != gpu:
+                raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{gpu}'")
+    if m.ops is None and not m.steps:
+        raise RoofcalError("no measurements found in " + ", ".join(str(p) for p in paths))
+    return m

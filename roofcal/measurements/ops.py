@@ -1,0 +1,193 @@
+"""Per-operation kernel measurements: reading them, and the CSV interchange format.
+
+Interchange CSV (one row per measured kernel call)::
+
+    gpu, op, dtype, <shape columns of the op>, latency_us
+
+=================  ==============================================================  ============
+op                 shape columns                                                   dtype means
+=================  ==============================================================  ============
+``gemm``           m, n, k (x: m×k, W: k×n)                                        GEMM input dtype: bf16, fp8, fp8_block
+``attn_prefill``   batch, seq, cached, heads, kv_heads, head_dim (heads per GPU)   KV-cache dtype: bf16, fp8
+``attn_decode``    batch, context, heads, kv_heads, head_dim                       KV-cache dtype
+``allreduce``      num_gpus, bytes (message per GPU)                               implementation: custom, custom_eager, nccl
+``moe``            tokens, hidden, inter, topk, experts, tp, ep (optional skew)    weight dtype: bf16, fp8, fp8_block, int4
+=================  ==============================================================  ============
+
+``context`` is the KV length before the decode token; ``skew`` is the routing imbalance (0 =
+balanced, else the power-law exponent). The bundled aiconfigurator parquet tables (latency in ms)
+are read directly and converted to this form. What each row's kernel computes is
+:mod:`roofcal.physics.kernels`; its prediction :func:`roofcal.model.predict.predict_table`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from roofcal.errors import RoofcalError
+from roofcal.physics.kernels import ALL_SHAPES, DTYPES, SHAPE_COLUMNS
+
+#: aiconfigurator's ``power_law_α`` MoE tables are matched by an expert-popularity exponent of
+#: about α/2 in :func:`roofcal.physics.components.moe.routing`: the active experts implied by the
+#: memory-bound H100 timings (power-law time / balanced time × min(E, T·k)) at T = 16…160 tokens
+#: (256 experts, top-8) lie between the model's curves for 0.3α and 0.7α.
+POWER_LAW_EXPONENT = 0.5
+
+# aiconfigurator's names → ours
+_DTYPE = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block",
+          "int4_wo": "int4", "w4a16_mxfp4": "int4"}
+_GPU = {"NVIDIA H100 80GB HBM3": "h100_sxm", "NVIDIA A100-SXM4-80GB": "a100_sxm"}
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+def _gpu_name(device: str, gpu: str | None) -> str:
+    return gpu or _GPU.get(device) or device
+
+
+def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -> pd.DataFrame:
+    """Convert one aiconfigurator table (any of its perf parquet files) to the interchange form."""
+    cols = set(df.columns)
+    dev = _gpu_name(str(df["device"].iloc[0]) if "device" in cols and len(df) else "", gpu)
+    out = pd.DataFrame(index=df.index)
+    if {"m", "n", "k", "gemm_dtype"} <= cols:
+        out["op"] = "gemm"
+        out["dtype"] = df["gemm_dtype"].map(_DTYPE)
+        for c in "mnk":
+            out[c] = df[c]
+    elif {"isl", "num_heads", "kv_cache_dtype"} <= cols and (df["op_name"] == "context_attention").all():
+        out["op"] = "attn_prefill"
+        out["dtype"] = df["kv_cache_dtype"].map(_DTYPE)
+        out["batch"], out["seq"], out["cached"] = df["batch_size"], df["isl"], 0
+        out["heads"], out["kv_heads"], out["head_dim"] = df["num_heads"], df["num_key_value_heads"], df["head_dim"]
+        if "window_size" in cols:
+            out = out[df["window_size"] == 0]
+    elif {"step", "num_heads", "kv_cache_dtype"} <= cols and (df["op_name"] == "generation_attention").all():
+        out["op"] = "attn_decode"
+        out["dtype"] = df["kv_cache_dtype"].map(_DTYPE)
+        out["batch"], out["context"] = df["batch_size"], df["step"]
+        out["heads"], out["kv_heads"], out["head_dim"] = df["num_heads"], df["num_key_value_heads"], df["head_dim"]
+        if "window_size" in cols:
+            out = out[df["window_size"] == 0]
+    elif {"message_size", "backend"} <= cols:
+        out["op"] = "allreduce"
+        out["dtype"] = df["backend"].map({"vllm_graph": "custom", "vllm_eager": "custom_eager"})
+        out["num_gpus"], out["bytes"] = df["num_gpus"], df["message_size"] * 2.0      # bf16 elements
+    elif {"message_size", "nccl_dtype"} <= cols:
+        keep = (df["op_name"] == "all_reduce") & (df["nccl_dtype"] == "half")
+        df, out = df[keep], out[keep]
+        out["op"], out["dtype"] = "allreduce", "nccl"
+        out["num_gpus"], out["bytes"] = df["num_gpus"], df["message_size"] * 2.0
+    elif {"num_tokens", "moe_dtype", "topk"} <= cols:
+        out["op"] = "moe"
+        out["dtype"] = df["moe_dtype"].map(_DTYPE)
+        for a, b in [("tokens", "num_tokens"), ("hidden", "hidden_size"), ("inter", "inter_size"),
+                     ("topk", "topk"), ("experts", "num_experts"), ("tp", "moe_tp_size"),
+                     ("ep", "moe_ep_size")]:
+            out[a] = df[b]
+        out["skew"] = df["distribution"].map(
+            lambda s: 0.0 if s == "balanced" else POWER_LAW_EXPONENT * float(str(s).rsplit("_", 1)[-1]))
+    else:
+        raise RoofcalError(f"{source}: not a recognised aiconfigurator table (columns: "
+                           f"{', '.join(sorted(cols))})")
+    out["gpu"] = dev
+    out["latency_us"] = df.loc[out.index, "latency"] * 1000.0
+    out = out[out["dtype"].notna()]
+    out["source"] = source
+    return out.reset_index(drop=True)
+
+
+def validate_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Check an interchange table; returns it with numeric shape columns and defaults filled."""
+    if df.empty:
+        raise RoofcalError(f"{source}: no rows")
+    for col in ("gpu", "op", "dtype", "latency_us"):
+        if col not in df.columns:
+            raise RoofcalError(f"{source}: missing column '{col}'")
+    df = df.copy()
+    bad_op = ~df["op"].isin(list(SHAPE_COLUMNS))
+    if bad_op.any():
+        i = int(np.flatnonzero(bad_op.values)[0])
+        raise RoofcalError(f"{source}: row {i + 1}: unknown op {df['op'].iloc[i]!r} "
+                           f"(known: {', '.join(SHAPE_COLUMNS)})")
+    lat = pd.to_numeric(df["latency_us"], errors="coerce")
+    bad = ~(np.isfinite(lat) & (lat > 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad.values)[0])
+        raise RoofcalError(f"{source}: row {i + 1}: field 'latency_us' must be a positive number, "
+                           f"got {df['latency_us'].iloc[i]!r}")
+    df["latency_us"] = lat.astype(float)
+    for op, cols in SHAPE_COLUMNS.items():
+        rows = df["op"] == op
+        if not rows.any():
+            continue
+        for c in cols:
+            if c not in df.columns:
+                raise RoofcalError(f"{source}: missing column '{c}' (needed by op '{op}')")
+            v = pd.to_numeric(df.loc[rows, c], errors="coerce")
+            minimum = 0 if c == "cached" else 1
+            bad = ~(np.isfinite(v) & (v >= minimum))
+            if bad.any():
+                i = int(np.flatnonzero(rows.values)[int(np.flatnonzero(bad.values)[0])])
+                raise RoofcalError(f"{source}: row {i + 1}: field '{c}' must be a number ≥ "
+                                   f"{minimum}, got {df[c].iloc[i]!r}")
+        bad_dt = ~df.loc[rows, "dtype"].isin(DTYPES[op])
+        if bad_dt.any():
+            i = int(np.flatnonzero(rows.values)[int(np.flatnonzero(bad_dt.values)[0])])
+            raise RoofcalError(f"{source}: row {i + 1}: dtype {df['dtype'].iloc[i]!r} is not one "
+                               f"of {', '.join(DTYPES[op])} for op '{op}'")
+    for c in [c for c in ALL_SHAPES if c in df.columns]:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    if "skew" not in df.columns:
+        df["skew"] = 0.0
+    df["skew"] = df["skew"].fillna(0.0)
+    if "source" not in df.columns:
+        df["source"] = source
+    return df
+
+
+def read_ops_csv(path: str | Path) -> pd.DataFrame:
+    """Read and validate an interchange CSV."""
+    path = Path(path)
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise RoofcalError(f"{path}: no such file")
+    except pd.errors.EmptyDataError:
+        raise RoofcalError(f"{path}: empty file")
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise RoofcalError(f"{path}: not a CSV file ({str(e).splitlines()[0]})")
+    return validate_table(df, str(path))
+
+
+def read_ops(path: str | Path, gpu: str | None = None) -> pd.DataFrame:
+    """Read per-op measurements: an interchange CSV, an aiconfigurator parquet, or a folder of them."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.rglob("*.parquet")) + sorted(path.rglob("*.csv"))
+        if not files:
+            raise RoofcalError(f"{path}: folder holds no .parquet or .csv measurements")
+        return pd.concat([read_ops(f, gpu) for f in files], ignore_index=True)
+    if path.suffix == ".parquet":
+        from roofcal.resources import display
+        try:
+            raw = pd.read_parquet(path)
+        except FileNotFoundError:
+            raise RoofcalError(f"{path}: no such file")
+        except Exception as e:  # pyarrow raises several types for corrupt files
+            raise RoofcalError(f"{path}: not a readable parquet file ({type(e).__name__})")
+        if "latency" not in raw.columns:
+            raise RoofcalError(f"{path}: missing column 'latency'")
+        return validate_table(from_aiconfigurator(raw, display(path), gpu), display(path))
+    return read_ops_csv(path)
+
+
+def write_ops_csv_text(df: pd.DataFrame) -> str:
+    """Interchange CSV text: gpu, op, dtype, the shape columns present, latency_us."""
+    shape = [c for c in ALL_SHAPES if c in df.columns and df[c].notna().any()]
+    cols = ["gpu", "op", "dtype"] + shape + ["latency_us"]
+    return df[cols].to_csv(index=False, float_format="%.10g", lineterminator="\n")

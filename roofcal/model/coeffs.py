@@ -1,0 +1,270 @@
+"""Coefficient files: the fitted correction layer as documented YAML (schema ``roofcal-coeffs/1``).
+
+Layout (every value in physical units)::
+
+    schema: roofcal-coeffs/1
+    roofcal_version: 0.1.0
+    gpu: {name: h100_sxm, datasheet_sha256: …}   # the datasheet it was fitted for
+    calibrated: true                               # false for a zero-shot bootstrap
+    notes: [...]                                   # assumptions, e.g. of a bootstrap
+    data: [{path, sha256, kind, rows}, ...]        # measurement provenance
+    fit: {...}                                     # settings: seed, loss, steps, split, ...
+    metrics: {heldout: {...}, train: {...}}        # MAPE etc. per op and step phase
+    ops:
+      gemm/bf16:                                   # kernel kind / variant (dtype or backend)
+        latency_us: 2.3                            # fixed cost per call, µs ≥ 0
+        sharpness: 2.9                             # soft-max q ≥ 1
+        range: {m: [1, 8192], n: [...], ...}       # shapes seen in fitting; clamped outside
+        compute_efficiency: {"1": 1.2, m: 0.4, ...}   # logit-polynomial terms (see correction.py)
+        memory_efficiency: {...}
+    step:
+      overheads_us: {step_us, layer_us, prefill_seq_us, decode_seq_us, token_us, allreduce_peer_us}
+      kernel_scales: {gemm, attention, moe, allreduce, elementwise}   # in-step / isolated, > 0
+      mix_sharpness: 1.0
+
+Loading validates everything and refuses files for another GPU or schema version.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import yaml
+
+from roofcal import __version__
+from roofcal.model import correction as K
+from roofcal.errors import RoofcalError
+from roofcal.physics.hardware import GPUSpec, load_gpu
+from roofcal.io import read_yaml, write_text_atomic
+
+SCHEMA = "roofcal-coeffs/1"
+
+
+@dataclass
+class Coefficients:
+    """A fitted (or bootstrapped) correction layer for one GPU, with its provenance."""
+
+    gpu: str
+    datasheet_sha256: str
+    params: dict
+    calibrated: bool = True
+    notes: list = field(default_factory=list)
+    data: list = field(default_factory=list)
+    fit: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    source: str = "<memory>"
+
+    @classmethod
+    def neutral(cls, gpu: GPUSpec) -> "Coefficients":
+        """Physically neutral defaults: roofline at datasheet peak, no latency or overhead."""
+        return cls(gpu.name, gpu.sha256(), K.neutral_params(), calibrated=False,
+                   notes=["neutral defaults: efficiency 1, latency 0, no overheads (roofline)"])
+
+    def check_gpu(self, gpu: GPUSpec, where: str = "--gpu") -> None:
+        """Refuse to use these coefficients for a different GPU or another version of its
+        datasheet (their efficiencies are relative to the datasheet's peaks)."""
+        if gpu.name != self.gpu:
+            raise RoofcalError(f"{self.source}: coefficients were fitted for GPU '{self.gpu}', not "
+                               f"'{gpu.name}' ({where}); bootstrap them with 'roofcal gpu bootstrap'")
+        if gpu.sha256() != self.datasheet_sha256:
+            raise RoofcalError(f"{self.source}: fitted for a different version of the '{gpu.name}' "
+                               f"datasheet (hash {self.datasheet_sha256[:12]}, now "
+                               f"{gpu.sha256()[:12]}); refit or bootstrap")
+
+
+# --------------------------------------------------------------------------------------------
+# params ↔ file dict
+
+def round_sig(x, digits: int = 9) -> float:
+    """A float rounded to ``digits`` significant digits (stable, readable YAML)."""
+    x = float(x)
+    return float(f"{x:.{digits}g}") if math.isfinite(x) else x
+
+
+def _z_to_x(kind: str, j: int, z: float) -> float:
+    k = K.OP_KINDS[kind]
+    return 2.0 ** (z * k.scale[j] + k.center[j]) - 1.0
+
+
+def _x_to_z(kind: str, j: int, x: float) -> float:
+    k = K.OP_KINDS[kind]
+    return (math.log2(1.0 + x) - k.center[j]) / k.scale[j]
+
+
+def op_to_dict(key: str, p: dict) -> dict:
+    kind = key.split("/")[0]
+    k = K.OP_KINDS[kind]
+    n_terms = int(np.asarray(p["eff_c"]).shape[0])
+    names = K.term_names(kind, K.degree_of(len(k.descriptors), n_terms))
+    lo, hi = np.asarray(p["lo"], np.float64), np.asarray(p["hi"], np.float64)
+    return {
+        "latency_us": round_sig(math.exp(float(p["latency"]))),
+        "sharpness": round_sig(1.0 + np.logaddexp(0.0, float(p["sharpness"]))),
+        "range": {d: [round_sig(_z_to_x(kind, j, lo[j]), 6), round_sig(_z_to_x(kind, j, hi[j]), 6)]
+                  for j, d in enumerate(k.descriptors)},
+        "compute_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
+        "memory_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
+    }
+
+
+def params_to_dict(params: dict) -> dict:
+    o = np.exp(np.asarray(params["step"]["overheads"], np.float64))
+    return {
+        "ops": {key: op_to_dict(key, params["ops"][key]) for key in sorted(params["ops"])},
+        "step": {
+            "overheads_us": {n: round_sig(v) for n, v in zip(K.STEP_OVERHEADS, o)},
+            "kernel_scales": {n: round_sig(math.exp(float(v)))
+                              for n, v in zip(K.STEP_SCALES, np.asarray(params["step"]["scales"]))},
+            "mix_sharpness": round_sig(1.0 + np.logaddexp(0.0, float(params["step"]["mix"]))),
+        },
+    }
+
+
+def _finite(v, where: str, minimum: float | None = None) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise RoofcalError(f"{where} must be a finite number, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise RoofcalError(f"{where} must be ≥ {minimum:g}, got {v!r}")
+    return float(v)
+
+
+def op_from_dict(key: str, d: dict, src: str) -> dict:
+    kind = key.split("/")[0]
+    if kind not in K.OP_KINDS or key.count("/") != 1:
+        raise RoofcalError(f"{src}: field 'ops.{key}' is not a known kernel kind "
+                           f"({', '.join(K.OP_KINDS)}) / variant")
+    if not isinstance(d, dict):
+        raise RoofcalError(f"{src}: field 'ops.{key}' must be a mapping")
+    k = K.OP_KINDS[kind]
+    where = f"{src}: field 'ops.{key}"
+    for f_ in ("latency_us", "sharpness", "range", "compute_efficiency", "memory_efficiency"):
+        if f_ not in d:
+            raise RoofcalError(f"{where}.{f_}' is missing")
+    lat = _finite(d["latency_us"], f"{where}.latency_us'", 0.0)
+    q = _finite(d["sharpness"], f"{where}.sharpness'", 1.0)
+    rng = d["range"]
+    if not isinstance(rng, dict) or set(rng) != set(k.descriptors):
+        raise RoofcalError(f"{where}.range' must give [low, high] for {', '.join(k.descriptors)}")
+    lo, hi = [], []
+    for j, name in enumerate(k.descriptors):
+        pair = rng[name]
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise RoofcalError(f"{where}.range.{name}' must be [low, high]")
+        a = _finite(pair[0], f"{where}.range.{name}[0]'", 0.0)
+        b = _finite(pair[1], f"{where}.range.{name}[1]'", a)
+        lo.append(_x_to_z(kind, j, a))
+        hi.append(_x_to_z(kind, j, b))
+    ws = []
+    for name in ("compute_efficiency", "memory_efficiency"):
+        terms = d[name]
+        if not isinstance(terms, dict):
+            raise RoofcalError(f"{where}.{name}' must map polynomial terms to coefficients")
+        try:
+            deg = K.degree_of(len(k.descriptors), len(terms))
+        except ValueError:
+            raise RoofcalError(f"{where}.{name}' has {len(terms)} terms, not a full polynomial")
+        expected = K.term_names(kind, deg)
+        if list(terms) != expected:
+            raise RoofcalError(f"{where}.{name}' terms must be, in order: {', '.join(expected)}")
+        ws.append([_finite(terms[t], f"{where}.{name}.{t}'") for t in expected])
+    return {
+        "eff_c": jnp.asarray(ws[0], jnp.float32), "eff_m": jnp.asarray(ws[1], jnp.float32),
+        "latency": jnp.asarray(math.log(max(lat, 1e-9)), jnp.float32),
+        "sharpness": jnp.asarray(K.softplus_inv(max(q - 1.0, 1e-9)), jnp.float32),
+        "lo": jnp.asarray(lo, jnp.float32), "hi": jnp.asarray(hi, jnp.float32),
+    }
+
+
+def params_from_dict(d: dict, src: str) -> dict:
+    ops = d.get("ops") or {}
+    step = d.get("step")
+    if not isinstance(ops, dict):
+        raise RoofcalError(f"{src}: field 'ops' must be a mapping")
+    if not isinstance(step, dict):
+        raise RoofcalError(f"{src}: field 'step' is missing")
+    ov = step.get("overheads_us")
+    if not isinstance(ov, dict) or set(ov) != set(K.STEP_OVERHEADS):
+        raise RoofcalError(f"{src}: field 'step.overheads_us' must give {', '.join(K.STEP_OVERHEADS)}")
+    o = [_finite(ov[n], f"{src}: field 'step.overheads_us.{n}'", 0.0) for n in K.STEP_OVERHEADS]
+    sc = step.get("kernel_scales")
+    if not isinstance(sc, dict) or set(sc) != set(K.STEP_SCALES):
+        raise RoofcalError(f"{src}: field 'step.kernel_scales' must give {', '.join(K.STEP_SCALES)}")
+    scales = []
+    for n in K.STEP_SCALES:
+        v = _finite(sc[n], f"{src}: field 'step.kernel_scales.{n}'", 0.0)
+        if v <= 0:
+            raise RoofcalError(f"{src}: field 'step.kernel_scales.{n}' must be > 0, got {v!r}")
+        scales.append(math.log(v))
+    mix = _finite(step.get("mix_sharpness"), f"{src}: field 'step.mix_sharpness'", 1.0)
+    return {
+        "ops": {key: op_from_dict(key, v, src) for key, v in ops.items()},
+        "step": {"overheads": jnp.asarray([math.log(max(x, 1e-9)) for x in o], jnp.float32),
+                 "scales": jnp.asarray(scales, jnp.float32),
+                 "mix": jnp.asarray(K.softplus_inv(max(mix - 1.0, 1e-9)), jnp.float32)},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+def to_yaml(c: Coefficients) -> str:
+    """The YAML text of a coefficient file (deterministic for equal inputs)."""
+    doc = {
+        "schema": SCHEMA,
+        "roofcal_version": __version__,
+        "gpu": {"name": c.gpu, "datasheet_sha256": c.datasheet_sha256},
+        "calibrated": bool(c.calibrated),
+        "notes": list(c.notes),
+        "data": list(c.data),
+        "fit": dict(c.fit),
+        "metrics": dict(c.metrics),
+        **params_to_dict(c.params),
+    }
+    header = ("# roofcal coefficient file (schema roofcal-coeffs/1); see roofcal/coeffs.py and the\n"
+              "# README. Efficiencies are sigmoid(sum of term coefficients x standardized log-shape\n"
+              "# monomials); latencies and overheads in microseconds.\n")
+    return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
+
+
+def save(c: Coefficients, path: str | Path) -> None:
+    """Write atomically."""
+    write_text_atomic(path, to_yaml(c))
+
+
+def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
+    """Read and validate a coefficient file; with ``gpu``, also refuse one fitted for another GPU."""
+    path = Path(path)
+    src = str(path)
+    doc = read_yaml(path, "coefficient file")
+    if not isinstance(doc, dict):
+        raise RoofcalError(f"{src}: not a roofcal coefficient file")
+    schema = doc.get("schema")
+    if schema != SCHEMA:
+        raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {SCHEMA!r}")
+    g = doc.get("gpu")
+    if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
+            or not isinstance(g.get("datasheet_sha256"), str):
+        raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
+    for key, typ in (("notes", list), ("data", list), ("fit", dict), ("metrics", dict)):
+        if not isinstance(doc.get(key, typ()), typ):
+            raise RoofcalError(f"{src}: field '{key}' must be a {typ.__name__}")
+    if not isinstance(doc.get("calibrated", True), bool):
+        raise RoofcalError(f"{src}: field 'calibrated' must be true or false")
+    c = Coefficients(g["name"], g["datasheet_sha256"], params_from_dict(doc, src),
+                     calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),
+                     data=doc.get("data", []), fit=doc.get("fit", {}),
+                     metrics=doc.get("metrics", {}), source=src)
+    if gpu is not None:
+        c.check_gpu(load_gpu(gpu))
+    return c
+
+
+def roundtrip(c: Coefficients) -> Coefficients:
+    """``c`` as it will read back from its file (parameters rounded to file precision)."""
+    doc = yaml.safe_load(to_yaml(c))
+    c2 = Coefficients(**{**c.__dict__, "params": params_from_dict(doc, c.source)})
+    return c2

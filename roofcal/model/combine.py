@@ -1,0 +1,111 @@
+"""Combine: corrected kernel times + step overheads → the time of each step, with its breakdown.
+
+``step_breakdown`` is the model's single hot path: pure, jitted once per (model, GPU, TP), and
+vectorised over the steps of a :class:`~roofcal.physics.steps.StepBatch`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roofcal.model import correction as K
+from roofcal.physics.components import ideal_times
+from roofcal.physics.config import ModelSpec
+from roofcal.physics.decompose import step_ops
+from roofcal.physics.hardware import GPUSpec
+from roofcal.physics.hardware.datasheet import PER_US
+from roofcal.physics.steps import StepBatch, step_totals
+
+#: breakdown column for the step-level overheads
+OVERHEAD = "overhead"
+#: outputs of :func:`step_breakdown` that are not components of the predicted time
+NON_COMPONENT = ("total", "flops", "bytes", "ideal_compute", "ideal_memory")
+
+
+def op_rate_fields(gpu: GPUSpec, kind: str, variant: str) -> tuple[str, str]:
+    """(peak field, bandwidth field) of the datasheet that bound a kernel: GEMM/MoE peaks follow
+    the weight dtype (:meth:`GPUSpec.peak_field`), attention runs at BF16, communication moves
+    its bytes over the GPU link, everything else over HBM."""
+    dtype = variant if kind in ("gemm", "moe") else "bf16"
+    bw = "interconnect_bandwidth_gbs" if K.OP_KINDS[kind].link else "hbm_bandwidth_tbs"
+    return gpu.peak_field(dtype), bw
+
+
+def op_peak_and_bandwidth(gpu: GPUSpec, kind: str, variant: str) -> tuple[float, float]:
+    """(peak FLOP/µs, bytes/µs) that bound a kernel (fields :func:`op_rate_fields`)."""
+    peak, bw = op_rate_fields(gpu, kind, variant)
+    return getattr(gpu, peak) * PER_US[peak], getattr(gpu, bw) * PER_US[bw]
+
+
+def ideal_step_times(gpu: GPUSpec, calls: dict) -> dict:
+    """{name: (ideal compute µs, ideal memory µs)} of each kernel call, at its own peak and
+    bandwidth (GEMM/MoE peaks by weight dtype, all-reduce bytes over the GPU link)."""
+    return {name: ideal_times(call.work, *op_peak_and_bandwidth(gpu, call.kind, call.variant))
+            for name, call in calls.items()}
+
+
+def kernel_times(params: dict, calls: dict, ideal: dict) -> dict:
+    """µs per step of each kernel call (count × corrected time of one call)."""
+    out = {}
+    for name, call in calls.items():
+        _, p = K.lookup(params["ops"], call.kind, call.variant)
+        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, *ideal[name])
+    return out
+
+
+def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
+    """Step level: kernel times (µs per step, by component) → every component, ``overhead`` and
+    ``total`` (µs). Applies the kernel-group scales, the prefill–decode attention mix of a mixed
+    step (soft max with sharpness ``mix``; 1 = sum) and the overheads; ``t`` = step totals."""
+    out = dict(kernels)
+    scales = K.step_scales(step)
+    for group, names in K.STEP_SCALES.items():
+        for name in names:
+            if name in out:
+                out[name] = out[name] * scales[group]
+    a, b = out["attn_prefill"], out["attn_decode"]
+    both = K.smax(a, b, K.mix_sharpness(step))
+    scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
+    out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
+    out[OVERHEAD] = overhead_counts(model, tp, t, jnp) @ K.step_overheads(step)
+    out["total"] = sum(out.values())
+    return out
+
+
+def overhead_counts(model: ModelSpec, tp: int, t, xp=np):
+    """(S, overheads) matrix: how many times each overhead of ``STEP_OVERHEADS`` is paid per step:
+    once per busy step, per layer, per prefill sequence, per decode sequence, per token, and per
+    all-reduce per peer GPU (2 per layer, TP − 1 peers)."""
+    busy = (t.tokens > 0) * 1.0
+    L = model.num_layers
+    return xp.stack([busy, busy * L, t.n_prefill, t.n_decode, t.tokens,
+                     busy * 2.0 * L * (tp - 1)], axis=-1)
+
+
+@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch) -> dict:
+    """Per-step times (µs) of every component, ``overhead``, ``total``, and work totals.
+
+    Returns a dict of arrays of shape (S,): one entry per kernel of
+    :func:`roofcal.decompose.step_ops` (µs), ``overhead`` (µs), ``total`` (µs, the prediction),
+    ``flops`` and ``bytes`` (whole step on one GPU), and ``ideal_compute`` / ``ideal_memory``
+    (µs: the roofline times of every kernel summed, each at its own peak and bandwidth).
+    """
+    t = step_totals(batch, jnp)
+    calls = step_ops(model, tp, t)
+    ideal = ideal_step_times(gpu, calls)
+    out = combine(params["step"], model, tp, t, kernel_times(params, calls, ideal))
+    out["ideal_compute"] = sum(c.count * ideal[n][0] for n, c in calls.items())
+    out["ideal_memory"] = sum(c.count * ideal[n][1] for n, c in calls.items())
+    out["flops"] = sum(c.count * c.work.flops for c in calls.values())
+    out["bytes"] = sum(c.count * c.work.bytes for c in calls.values())
+    return out
+
+
+def step_time(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
+    """Predicted step times (µs), shape (S,)."""
+    return step_breakdown(params, model, gpu, tp, batch)["total"]

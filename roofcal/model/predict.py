@@ -1,0 +1,156 @@
+"""``roofcal predict``: step times with a per-component breakdown, for steps of any deployment,
+and the corrected time of every row of a per-op table."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import numpy as np
+import pandas as pd
+
+from roofcal.errors import RoofcalError
+from roofcal.measurements.ops import read_ops
+from roofcal.model import coeffs as coeff_io
+from roofcal.model import correction as K
+from roofcal.model.combine import NON_COMPONENT, op_peak_and_bandwidth, step_breakdown
+from roofcal.physics import components as C
+from roofcal.physics.config import check_tp, load_model
+from roofcal.physics.hardware import GPUSpec, load_gpu
+from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
+from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps
+
+
+def resolve_coeffs(coeffs, gpu):
+    """A :class:`Coefficients` for ``gpu``: loaded from a path, checked, or neutral when None."""
+    if coeffs is None:
+        return coeff_io.Coefficients.neutral(gpu)
+    if isinstance(coeffs, (str, Path)):
+        return coeff_io.load(coeffs, gpu)
+    coeffs.check_gpu(gpu)
+    return coeffs
+
+
+def per_deployment(steps, model, gpu, tp, coeffs, compute) -> pd.DataFrame:
+    """Run ``compute`` on each deployment's steps; one row per input step, in input order.
+
+    Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP), a step's own fields
+    overriding ``model``/``gpu``/``tp``; each group's model, datasheet, TP and coefficients are
+    loaded and checked, then ``compute(coeffs, model_spec, gpu_spec, tp, batch, records)`` returns
+    a DataFrame with one row per record. Columns ``step``, ``phase``, ``model``, ``gpu``, ``tp`` come
+    first.
+    """
+    src = str(steps) if isinstance(steps, (str, Path)) else "steps"
+    records = read_steps(steps) if isinstance(steps, (str, Path)) else list(steps)
+    if not records:
+        raise RoofcalError(f"{src}: no steps")
+    frames = []
+    for (m, g, t), idx in group_by_deployment(records, model, gpu, tp, src).items():
+        spec, gspec = load_model(m), load_gpu(g)
+        check_tp(spec, int(t), where=f"{src}: tp")
+        recs = [records[i] for i in idx]
+        df = compute(resolve_coeffs(coeffs, gspec), spec, gspec, int(t), batch_steps(recs), recs)
+        front = pd.DataFrame({"step": np.asarray(idx) + 1, "phase": [r.phase for r in recs],
+                              "model": spec.name, "gpu": gspec.name, "tp": int(t)})
+        frames.append(pd.concat([front, df.reset_index(drop=True)], axis=1))
+    return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable") \
+        .reset_index(drop=True)
+
+
+def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
+            coeffs=None) -> pd.DataFrame:
+    """Predict every step; one row per input step, in input order.
+
+    ``steps``: a JSONL path or a list of :class:`Step`. ``model`` / ``gpu`` / ``tp`` apply to steps
+    that do not name their own. ``coeffs``: a coefficient file path, a loaded
+    :class:`~roofcal.coeffs.Coefficients`, or None for the neutral roofline defaults.
+
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``measured_us`` (when given),
+    ``predicted_us``, one ``<component>_us`` column per kernel and ``overhead_us``, then ``flops``
+    and ``bytes`` (one GPU, whole step).
+    """
+    def one(c, spec, gspec, t, batch, recs):
+        out = {k: np.asarray(v, np.float64) for k, v in
+               step_breakdown(c.params, spec, gspec, t, batch).items()}
+        df = pd.DataFrame(index=range(len(recs)))
+        if any(r.duration_us is not None for r in recs):
+            df["measured_us"] = [np.nan if r.duration_us is None else r.duration_us for r in recs]
+        df["predicted_us"] = out["total"]
+        for name in sorted(k for k in out if k not in NON_COMPONENT):
+            df[f"{name}_us"] = out[name]
+        df["flops"], df["bytes"] = out["flops"], out["bytes"]
+        return df
+
+    df = per_deployment(steps, model, gpu, tp, coeffs, one)
+    comp = [c for c in df.columns if c.endswith("_us") and c not in ("predicted_us", "measured_us")]
+    df[comp] = df[comp].fillna(0.0)
+    front = [c for c in ("step", "phase", "model", "gpu", "tp", "measured_us", "predicted_us")
+             if c in df.columns]
+    return df[front + sorted(comp) + ["flops", "bytes"]].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------
+# per-op rows
+
+@partial(jax.jit, static_argnames=("op", "dtype", "peak", "bw"))
+def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float):
+    """(ideal compute µs, ideal memory µs, standardized shape z) of rows, in one compiled call."""
+    w = row_work(op, dtype, cols)
+    tc, tm = C.ideal_times(w, peak, bw)
+    return tc, tm, K.standardize(op, w.shape)
+
+
+def padded_size(n: int, minimum: int = 256) -> int:
+    """Row count rounded up to one of a few sizes (≤ 12.5 % padding, ≥ ``minimum``), so compiled
+    programs are reused across tables of similar size."""
+    step = max(minimum, 1 << max(0, int(n).bit_length() - 3))
+    return -(-max(n, 1) // step) * step
+
+
+def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarray):
+    """(ideal compute µs, ideal memory µs, standardized shapes z) of rows ``idx`` of an
+    interchange table, as float32 arrays of ``len(idx)`` rows (computed padded, see
+    :func:`padded_size`)."""
+    peak, bw = op_peak_and_bandwidth(gpu, op, dtype)
+    n = len(idx)
+    pad = padded_size(n) - n
+    cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
+            for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
+    tc, tm, z = _row_times(op, dtype, cols, float(peak), float(bw))
+    return tc[:n], tm[:n], z[:n]
+
+
+def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec) -> pd.DataFrame:
+    """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs."""
+    out = df.copy()
+    for col in ("ideal_compute_us", "ideal_memory_us", "predicted_us"):
+        out[col] = np.nan
+    for g, op, dt, idx in groups(df):
+        if g != gpu.name:
+            raise RoofcalError(f"{df['source'].iloc[idx[0]]}: rows are for GPU '{g}' but the "
+                               f"coefficients are for '{gpu.name}'")
+        tc, tm, z = row_times(gpu, op, dt, df, idx)
+        _, p = K.lookup(params["ops"], op, dt)
+        t = K.op_time_z(p, z, tc, tm)
+        out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
+        out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
+        out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
+    if "latency_us" in out.columns:
+        out["rel_error"] = out["predicted_us"] / out["latency_us"] - 1.0
+    return out
+
+
+def predict_ops(path, coeffs=None) -> pd.DataFrame:
+    """``roofcal predict --ops``: predict every row of a per-op CSV/table with a coefficient file.
+
+    Without ``coeffs`` the neutral roofline defaults of each row's GPU are used.
+    """
+    df = read_ops(path)
+    frames = []
+    for g, part in df.groupby("gpu", sort=True):
+        spec = load_gpu(g)
+        c = resolve_coeffs(coeffs, spec)
+        frames.append(predict_table(part, c.params, spec))
+    return pd.concat(frames).sort_index()

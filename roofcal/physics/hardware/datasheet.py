@@ -1,0 +1,198 @@
+"""GPU datasheets: the YAML schema, its validation, and :class:`GPUSpec`.
+
+Schema ``roofcal-datasheet/1`` (every figure is a dense vendor peak; units are in the field names):
+
+==============================  ==========================================================  ========
+field                           meaning                                                     required
+==============================  ==========================================================  ========
+``name``                        identifier used on the command line (``h100_sxm``)          yes
+``display_name``, ``aliases``   human name; other names accepted by :func:`load_gpu`        no
+``sources``                     list of citations for the figures                           yes
+``dense_tflops.bf16``           dense BF16 tensor-core peak, 1e12 FLOP/s                    yes
+``dense_tflops.fp16/fp8/int8``  dense peaks for other dtypes (omit when unsupported)        no
+``hbm_bandwidth_tbs``           device-memory bandwidth, 1e12 bytes/s                       yes
+``hbm_capacity_gib``            device memory, GiB                                          yes
+``interconnect``                link kind (nvlink4, pcie5, ...)                             yes
+``interconnect_bandwidth_gbs``  per-GPU link bandwidth, one direction, 1e9 bytes/s          yes
+``sm_count``                    streaming multiprocessors                                   yes
+==============================  ==========================================================  ========
+
+Sparsity figures are refused: any key mentioning sparsity, and any low-precision peak above twice
+the BF16 peak (every NVIDIA generation doubles per halving of precision; 4x means a sparse figure).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from roofcal.errors import RoofcalError
+from roofcal.io import read_yaml, sha256_text
+
+SCHEMA = "roofcal-datasheet/1"
+DTYPES = ("bf16", "fp16", "fp8", "int8")
+REQUIRED = ("name", "sources", "dense_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib",
+            "interconnect", "interconnect_bandwidth_gbs", "sm_count")
+OPTIONAL = ("schema", "display_name", "aliases", "notes")
+#: datasheet fields a what-if or bootstrap may change, with their units
+NUMERIC_FIELDS = {
+    "bf16_tflops": "1e12 FLOP/s", "fp16_tflops": "1e12 FLOP/s", "fp8_tflops": "1e12 FLOP/s",
+    "int8_tops": "1e12 op/s",
+    "hbm_bandwidth_tbs": "1e12 B/s", "interconnect_bandwidth_gbs": "1e9 B/s",
+    "hbm_capacity_gib": "GiB", "sm_count": "SMs",
+}
+#: rate field → factor from its unit to FLOP/µs or bytes/µs
+PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
+          "hbm_bandwidth_tbs": 1e6, "interconnect_bandwidth_gbs": 1e3}
+#: GEMM input dtypes with a dense peak of their own (any other, e.g. 4-bit W4A16, runs at BF16)
+PEAK_FIELD = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops",
+              "fp8_block": "fp8_tflops", "int8": "int8_tops"}
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU's datasheet. Rates in the units of the field names; see the module docstring."""
+
+    name: str
+    bf16_tflops: float
+    hbm_bandwidth_tbs: float
+    hbm_capacity_gib: float
+    interconnect: str
+    interconnect_bandwidth_gbs: float
+    sm_count: int
+    fp16_tflops: float = 0.0
+    fp8_tflops: float = 0.0            # 0 = no FP8 tensor cores
+    int8_tops: float = 0.0
+    display_name: str = ""
+    sources: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+
+    def peak_field(self, dtype: str) -> str:
+        """The field of the dense peak a GEMM input dtype runs at: its own (:data:`PEAK_FIELD`)
+        when this GPU has it, else BF16 (no FP8 tensor cores; 4-bit weights are dequantised to
+        BF16 on the tensor cores, W4A16)."""
+        f = PEAK_FIELD.get(dtype)
+        return f if f and getattr(self, f) else "bf16_tflops"
+
+    def peak_flops_per_us(self, dtype: str) -> float:
+        """Dense peak for a GEMM input dtype in FLOP/µs (field :meth:`peak_field`)."""
+        f = self.peak_field(dtype)
+        return getattr(self, f) * PER_US[f]
+
+    @property
+    def hbm_bytes_per_us(self) -> float:
+        return self.hbm_bandwidth_tbs * PER_US["hbm_bandwidth_tbs"]
+
+    @property
+    def link_bytes_per_us(self) -> float:
+        return self.interconnect_bandwidth_gbs * PER_US["interconnect_bandwidth_gbs"]
+
+    @property
+    def balance_flops_per_byte(self) -> float:
+        """BF16 ridge point of the roofline: FLOPs per HBM byte at which compute and memory tie."""
+        return self.bf16_tflops / self.hbm_bandwidth_tbs
+
+    def canonical(self) -> dict:
+        """The figures that define the GPU (no names or citations), for hashing."""
+        d = asdict(self)
+        for k in ("display_name", "sources", "aliases"):
+            d.pop(k)
+        return d
+
+    def sha256(self) -> str:
+        """Hash of :meth:`canonical`; coefficient files record it to detect a changed datasheet."""
+        return sha256_text(json.dumps(self.canonical(), sort_keys=True))
+
+    def replace(self, **changes) -> "GPUSpec":
+        """A copy with some numeric fields changed (what-if analysis); validated like a file."""
+        d = asdict(self)
+        d.update(changes)
+        spec = GPUSpec(**d)
+        _check_numbers(spec, f"datasheet {self.name} (modified)")
+        return spec
+
+
+def _positive(value, path, key) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise RoofcalError(f"{path}: field '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _check_numbers(spec: GPUSpec, path) -> None:
+    for key in ("bf16_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib", "interconnect_bandwidth_gbs",
+                "sm_count"):
+        _positive(getattr(spec, key), path, key)
+    bf16 = spec.bf16_tflops
+    for key, limit in (("fp16_tflops", 1.05), ("fp8_tflops", 2.05), ("int8_tops", 2.05)):
+        v = getattr(spec, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise RoofcalError(f"{path}: field '{key}' must be a finite number ≥ 0 (0 = no such "
+                               f"tensor cores), got {v!r}")
+        if v and v > limit * bf16:
+            raise RoofcalError(
+                f"{path}: field 'dense_tflops.{key.split('_')[0]}'={v:g} is {v / bf16:.1f}x the BF16 "
+                f"peak; that is a sparsity figure, give the dense one")
+
+
+def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
+    """Validate a datasheet mapping and build a :class:`GPUSpec`."""
+    if not isinstance(raw, dict):
+        raise RoofcalError(f"{path}: a datasheet must be a YAML mapping")
+    schema = raw.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        raise RoofcalError(f"{path}: field 'schema' is {schema!r}, expected {SCHEMA!r}")
+    for key in raw:
+        if "sparse" in str(key).lower() or "sparsity" in str(key).lower():
+            raise RoofcalError(f"{path}: field '{key}' is a sparsity figure; roofcal needs dense peaks")
+        if key not in REQUIRED and key not in OPTIONAL:
+            raise RoofcalError(f"{path}: unknown field '{key}'")
+    for key in REQUIRED:
+        if key not in raw or raw[key] is None:
+            raise RoofcalError(f"{path}: missing field '{key}'")
+    peaks = raw["dense_tflops"]
+    if not isinstance(peaks, dict):
+        raise RoofcalError(f"{path}: field 'dense_tflops' must map dtype to TFLOP/s")
+    for key, value in peaks.items():
+        if "sparse" in str(key).lower():
+            raise RoofcalError(f"{path}: field 'dense_tflops.{key}' is a sparsity figure; "
+                               f"roofcal needs dense peaks")
+        if key not in DTYPES:
+            raise RoofcalError(f"{path}: unknown field 'dense_tflops.{key}' (known: {', '.join(DTYPES)})")
+        if value is not None:
+            _positive(value, path, f"dense_tflops.{key}")
+    if peaks.get("bf16") is None:
+        raise RoofcalError(f"{path}: missing field 'dense_tflops.bf16'")
+    sources = raw["sources"]
+    if isinstance(sources, str):
+        sources = [sources]
+    if not sources or not all(isinstance(s, str) and s.strip() for s in sources):
+        raise RoofcalError(f"{path}: field 'sources' must cite at least one spec sheet")
+    sm = raw["sm_count"]
+    if isinstance(sm, bool) or not isinstance(sm, int):
+        raise RoofcalError(f"{path}: field 'sm_count' must be an integer, got {sm!r}")
+    spec = GPUSpec(
+        name=str(raw["name"]),
+        bf16_tflops=float(peaks["bf16"]),
+        fp16_tflops=float(peaks.get("fp16") or peaks["bf16"]),
+        fp8_tflops=float(peaks.get("fp8") or 0.0),
+        int8_tops=float(peaks.get("int8") or 0.0),
+        hbm_bandwidth_tbs=_positive(raw["hbm_bandwidth_tbs"], path, "hbm_bandwidth_tbs"),
+        hbm_capacity_gib=_positive(raw["hbm_capacity_gib"], path, "hbm_capacity_gib"),
+        interconnect=str(raw["interconnect"]),
+        interconnect_bandwidth_gbs=_positive(raw["interconnect_bandwidth_gbs"], path,
+                                             "interconnect_bandwidth_gbs"),
+        sm_count=sm,
+        display_name=str(raw.get("display_name", raw["name"])),
+        sources=tuple(sources),
+        aliases=tuple(str(a) for a in raw.get("aliases") or ()),
+    )
+    _check_numbers(spec, path)
+    return spec
+
+
+def read_datasheet(path: str | Path) -> GPUSpec:
+    """Read and validate one datasheet YAML file."""
+    return parse_datasheet(read_yaml(path, "datasheet file"), path)

@@ -1,0 +1,115 @@
+"""Hand-checked work of single kernels and whole layers."""
+
+import pytest
+
+from roofcal.physics import components as C
+from roofcal.physics.config import load_model
+from roofcal.physics.decompose import step_ops, weight_bytes_per_gpu
+from roofcal.physics.steps import Step, batch_steps, step_totals
+
+
+def totals(steps):
+    return step_totals(batch_steps(steps))
+
+
+def gemm_flops(ops, names):
+    return sum(float(ops[n].work.flops[0]) for n in names)
+
+
+def test_gemm_counts():
+    w = C.gemm(1, 12288, 4096)
+    assert float(w.flops) == 2 * 12288 * 4096
+    assert float(w.bytes) == 4096 * 2 + 4096 * 12288 * 2 + 12288 * 2
+    assert float(C.gemm(0, 12288, 4096).bytes) == 0.0          # not launched
+
+
+def test_llama2_7b_layer_flops_and_weights():
+    # per token per layer: QKV 2·4096·12288 + O 2·4096² + gate/up 2·4096·22016 + down 2·11008·4096
+    # = 100,663,296 + 33,554,432 + 180,355,072 + 90,177,536 = 404,750,336 = 2 × 202,375,168 params
+    m = load_model("llama-2-7b-hf")
+    ops = step_ops(m, 1, totals([Step(prefill=((100, 0),))]))
+    per_layer = gemm_flops(ops, ["qkv_proj", "o_proj", "mlp_up", "mlp_down"]) / 100
+    assert per_layer == 404_750_336
+    # weights read by one layer's GEMMs: 202,375,168 params × 2 bytes
+    wbytes = sum(float(ops[n].work.bytes[0]) for n in ["qkv_proj", "o_proj", "mlp_up", "mlp_down"])
+    act = 100 * (4096 * 2 + 12288 * 2) + 100 * (4096 * 2 + 4096 * 2) \
+        + 100 * (4096 * 2 + 22016 * 2) + 100 * (11008 * 2 + 4096 * 2)
+    assert wbytes - act == 202_375_168 * 2
+    assert all(ops[n].count == 32 for n in ["qkv_proj", "o_proj", "mlp_up", "mlp_down"])
+    # one 128-token chunk: pairs 128·129/2 = 8256, FLOPs 2·32 heads·(128+128)·8256
+    a = step_ops(m, 1, totals([Step(prefill=((128, 0),))]))["attn_prefill"].work
+    assert float(a.flops[0]) == 135_266_304
+    assert weight_bytes_per_gpu(m, 1) == (32 * 202_375_168 + 32000 * 4096) * 2
+
+
+def test_llama2_70b_tp4_split():
+    # per GPU: 16 heads, 2 KV heads, gate/up 2·7168, down k = 7168
+    m = load_model("llama-2-70b-hf")
+    ops = step_ops(m, 4, totals([Step(decode=(1000,))]))
+    assert ops["qkv_proj"].work.shape[1] == 16 * 128 + 2 * 2 * 128
+    # 2·8192·2560 + 2·2048·8192 + 2·8192·14336 + 2·7168·8192 = 427,819,008 per token-layer
+    assert gemm_flops(ops, ["qkv_proj", "o_proj", "mlp_up", "mlp_down"]) == 427_819_008
+    # = 2 × 855,638,016 layer params / 4
+    assert 427_819_008 * 4 == 2 * 855_638_016
+    assert weight_bytes_per_gpu(m, 4) == 80 * 855_638_016 / 4 * 2 + 8000 * 8192 * 2
+    # decode KV read: 1001 keys × 2 KV heads × (128 + 128) × 2 bytes, + the new token's write
+    att = ops["attn_decode"].work
+    assert float(att.bytes[0]) == (1001 + 1) * 2 * 256 * 2 + 16 * 256 * 2
+    # two all-reduces per layer of 1 token × 8192 × 2 bytes; ring volume 2·3/4 of that
+    ar = ops["allreduce"]
+    assert ar.count == 160 and float(ar.work.bytes[0]) == 2 * 0.75 * 8192 * 2
+
+
+def test_chunked_prefill_pairs_and_cache_read():
+    # chunk of 256 new tokens over 1024 cached: pairs = 256·1024 + 256·257/2
+    t = totals([Step(prefill=((256, 1024),))])
+    assert float(t.pairs[0]) == 256 * 1024 + 256 * 257 / 2
+    w = C.prefill_attention(1.0, 256.0, float(t.pairs[0]), 1024.0, 32, 8, 128, 128, 8 * 256)
+    assert float(w.bytes) == 256 * 32 * 256 * 2 + (1024 + 512) * 2048 * 2
+
+
+def test_mixtral_active_experts():
+    assert float(C.expected_active_experts(1.0, 2, 8)) == pytest.approx(2.0)
+    assert float(C.expected_active_experts(2.0, 2, 8)) == pytest.approx(3.5)       # 8·(1−0.75²)
+    assert float(C.expected_active_experts(16.0, 2, 8)) == pytest.approx(8 * (1 - 0.75 ** 16))
+    assert float(C.expected_active_experts(1e6, 2, 8)) == pytest.approx(8.0)
+    # one token at TP 1: FLOPs 2 experts · 2·4096·14336·3 + router 2·4096·8
+    w = C.moe(1.0, 4096, 14336, 2, 8)
+    assert float(w.flops) == 2 * 2 * 4096 * 14336 * 3 + 2 * 4096 * 8
+    assert float(w.bytes) == pytest.approx(2 * 3 * 4096 * 14336 * 2 + 4096 * 2 * 2
+                                           + 2 * (2 * 4096 + 3 * 14336) * 2)
+
+
+def test_mixtral_step_uses_moe_not_dense_mlp():
+    m = load_model("mixtral-8x7b-v0.1")
+    ops = step_ops(m, 2, totals([Step(decode=(10, 20, 30))]))
+    assert "moe" in ops and "mlp_up" not in ops and ops["moe"].count == 32
+    assert float(ops["moe"].work.shape[0][0]) == 3      # tokens
+
+
+def test_allreduce_volume_and_single_gpu():
+    w = C.allreduce(8.0, 16 * 2 ** 20)
+    assert float(w.bytes) == 2 * 7 / 8 * 16 * 2 ** 20
+    assert float(C.allreduce(1.0, 1e6).bytes) == 0.0
+    assert "allreduce" not in step_ops(load_model("llama-2-7b-hf"), 1, totals([Step(decode=(5,))]))
+
+
+def test_elementwise_docstring_example():
+    w = C.elementwise(1.0, 4096, 11008, 4096, 4096)
+    assert float(w.bytes) == (10 * 4096 + 3 * 11008 + 2 * (4096 + 4096)) * 2 == 180_736
+
+
+def test_step_ideal_times_use_each_kernels_own_peak_and_bandwidth():
+    from roofcal.model.correction import neutral_params
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.model.combine import step_breakdown
+    g = load_gpu("h100_sxm")
+    m = load_model("llama-2-70b-hf")
+    b = batch_steps([Step(decode=(1000,) * 8)])
+    out = step_breakdown(neutral_params(), m, g, 4, b)
+    ops = step_ops(m, 4, step_totals(b))
+    ar = ops["allreduce"].count * float(ops["allreduce"].work.bytes[0])
+    # all-reduce bytes cross NVLink (450 GB/s), everything else HBM (3.35 TB/s)
+    want = (float(out["bytes"][0]) - ar) / 3.35e6 + ar / 450e3
+    assert float(out["ideal_memory"][0]) == pytest.approx(want, rel=1e-5)
+    assert float(out["ideal_compute"][0]) == pytest.approx(float(out["flops"][0]) / 989.4e6, rel=1e-3)

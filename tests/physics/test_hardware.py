@@ -1,0 +1,87 @@
+"""GPU datasheets: bundled files, lookup, and refusal of bad or sparse figures."""
+
+import pytest
+import yaml
+
+from roofcal.errors import RoofcalError
+from roofcal.physics.hardware import bundled_gpus, load_gpu, parse_datasheet
+
+REQUIRED = {"h100_sxm", "h100_pcie", "h200_sxm", "a100_sxm", "a100_pcie_40gb", "l40s", "l4", "b200"}
+
+
+def test_bundled_set_and_sources():
+    specs = {g.name: g for g in bundled_gpus()}
+    assert REQUIRED <= set(specs)
+    for g in specs.values():
+        assert g.sources and all("http" in s or "whitepaper" in s.lower() or "SMs" in s
+                                 for s in g.sources)
+        assert g.fp8_tflops <= 2.05 * g.bf16_tflops
+
+
+def test_h100_figures_and_units():
+    g = load_gpu("h100_sxm")
+    assert (g.bf16_tflops, g.fp8_tflops, g.hbm_bandwidth_tbs, g.sm_count) == (989.4, 1978.9, 3.35, 132)
+    assert g.peak_flops_per_us("bf16") == pytest.approx(989.4e6)
+    assert g.peak_flops_per_us("fp8") == pytest.approx(1978.9e6)
+    assert g.peak_flops_per_us("int4") == pytest.approx(989.4e6)    # W4A16 runs at BF16 peak
+    assert g.hbm_bytes_per_us == pytest.approx(3.35e6)
+    assert g.link_bytes_per_us == pytest.approx(450e3)
+    a100 = load_gpu("a100_sxm")
+    assert a100.peak_flops_per_us("fp8") == pytest.approx(312e6)   # no FP8: BF16 peak
+
+
+def test_aliases_including_blis_names():
+    assert load_gpu("H100").name == "h100_sxm"
+    assert load_gpu("A100-80").name == "a100_sxm"
+    assert load_gpu("L40S").name == "l40s"
+
+
+def _sheet(**over):
+    d = yaml.safe_load(open("roofcal/physics/hardware/l40s.yaml"))
+    d.update(over)
+    return d
+
+
+def test_blis_l40s_sparse_fp8_is_refused():
+    # BLIS's hardware_config.json gives L40S TFlopsFP8 = 1466 next to a dense BF16 of 362.05
+    with pytest.raises(RoofcalError, match=r"dense_tflops.fp8.*4.0x the BF16 peak.*sparsity"):
+        parse_datasheet(_sheet(dense_tflops={"bf16": 362.05, "fp8": 1466.0}), "l40s.yaml")
+
+
+def test_sparsity_keys_refused():
+    with pytest.raises(RoofcalError, match="sparsity"):
+        parse_datasheet(_sheet(sparse_tflops={"bf16": 733}), "x.yaml")
+    with pytest.raises(RoofcalError, match="sparsity"):
+        parse_datasheet(_sheet(dense_tflops={"bf16": 362.05, "fp8_sparse": 1466}), "x.yaml")
+
+
+@pytest.mark.parametrize("field", ["hbm_bandwidth_tbs", "sm_count", "sources", "interconnect_bandwidth_gbs"])
+def test_missing_field_named(field):
+    d = _sheet()
+    del d[field]
+    with pytest.raises(RoofcalError, match=f"x.yaml: missing field '{field}'"):
+        parse_datasheet(d, "x.yaml")
+
+
+def test_bad_values_named():
+    with pytest.raises(RoofcalError, match="hbm_bandwidth_tbs"):
+        parse_datasheet(_sheet(hbm_bandwidth_tbs=-1), "x.yaml")
+    with pytest.raises(RoofcalError, match="unknown field 'tdp'"):
+        parse_datasheet(_sheet(tdp=350), "x.yaml")
+
+
+def test_datasheet_from_path(tmp_path):
+    p = tmp_path / "my.yaml"
+    p.write_text(yaml.safe_dump(_sheet(name="my_gpu")))
+    assert load_gpu(str(p)).name == "my_gpu"
+    with pytest.raises(RoofcalError, match="unknown GPU 'h900'"):
+        load_gpu("h900")
+
+
+def test_modified_datasheets_are_validated_too():
+    g = load_gpu("h100_sxm")
+    assert g.replace(hbm_bandwidth_tbs=4.8).hbm_bytes_per_us == pytest.approx(4.8e6)
+    for bad in (dict(fp8_tflops=-5.0), dict(fp8_tflops=float("nan")), dict(hbm_bandwidth_tbs=0.0),
+                dict(fp8_tflops=4000.0)):
+        with pytest.raises(RoofcalError):
+            g.replace(**bad)
