@@ -64,14 +64,17 @@ def _coeff_step_data(c) -> tuple[list, list]:
 def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resources.BLIS_DEFAULTS,
              hardware_config: str | Path = resources.BLIS_HARDWARE, hardware: str | None = None,
              deployments: Sequence[Deployment] | None = None, steps_paths: Sequence[str | Path] = (),
-             settings: BlisFitSettings = BlisFitSettings(), steps_gpu: str | None = None) -> BlisForm:
+             settings: BlisFitSettings = BlisFitSettings(), steps_gpu: str | None = None,
+             stack: str | None = None) -> BlisForm:
     """Fit BLIS-form coefficients (see :mod:`roofcal.blis.fit`) from files.
 
-    ``coeffs_path``: a roofcal coefficient file to distil (None: measured steps only);
+    ``coeffs_path``: a roofcal coefficient file to distil (None: measured steps only), with its
+    serving stack ``stack`` (:func:`roofcal.model.coeffs.resolve_stack`; default the file's own);
     ``deployments``: what to distil for (default: the coefficient file's ``fit.deployments``);
-    ``steps_paths``: measured whole-step files to fit as well. Alphas are kept from
-    ``defaults_path``, whose betas also centre the prior. ``steps_gpu`` names the GPU of step
-    JSONL rows that do not name one (default: the coefficient file's)."""
+    ``steps_paths``: measured whole-step files to fit as well. Alphas come from the stack when it
+    was calibrated on serving runs (it records them), else they are kept from ``defaults_path``,
+    whose betas also centre the prior. ``steps_gpu`` names the GPU of step JSONL rows that do not
+    name one (default: the coefficient file's)."""
     from roofcal.model import coeffs as coeff_io
     from roofcal.measurements import datasets
     from roofcal.physics.hardware import load_gpu
@@ -80,6 +83,11 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
     alpha, input_beta = read_defaults_coefficients(defaults_path)
     validate_export_coeffs(alpha, input_beta, f"{defaults_path}: trained_physics_coefficients")
     c = coeff_io.load(coeffs_path) if coeffs_path is not None else None
+    if c is not None:
+        if c.stack is None and stack is None:
+            raise RoofcalError(f"{coeffs_path}: has no serving stack to distil; pass --stack none "
+                               "(kernels only) or --stack FILE:NAME to borrow one")
+        c = coeff_io.resolve_stack(c, stack)
     gpu = load_gpu(c.gpu) if c is not None else None
     if c is not None:
         c.check_gpu(gpu)
@@ -143,8 +151,18 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
         "fit": settings.record(),
         "measured_split": {"holdout": holdout, "seed": seed},
     }
-    return BlisForm(tuple(alpha), tuple(result.beta), hw_name, hw, tuple(deps),
-                    f"kept from {resources.display(defaults_path)} (no request-level data)", provenance, metrics)
+    alpha_source = f"kept from {resources.display(defaults_path)} (no request-level data)"
+    st = c.stacks.get(c.stack) if c is not None and c.stack is not None else None
+    if st is not None and stack_alphas_calibrated(st):
+        alpha = [float(st.alphas_us[n]) for n in coeff_io.ALPHAS]
+        alpha_source = f"from serving stack '{c.stack}' (calibrated on serving runs)"
+    provenance["stack"] = c.stack if c is not None else None
+    return BlisForm(tuple(alpha), tuple(result.beta), hw_name, hw, tuple(deps), alpha_source, provenance, metrics)
+
+
+def stack_alphas_calibrated(st) -> bool:
+    """Whether a stack's alphas were fitted on request-level data (a workload calibration)."""
+    return str(st.source.get("kind", "")).startswith("workload")
 
 
 def _mape(metrics: dict, source: str, key: str) -> float | None:
@@ -191,7 +209,7 @@ class ExportResult:
 def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | Path | None = None,
                 in_place: bool = False, deployments: Sequence[Deployment] | None = None,
                 hardware_config: str | Path = resources.BLIS_HARDWARE, hardware: str | None = None,
-                settings: BlisFitSettings = BlisFitSettings()) -> ExportResult:
+                settings: BlisFitSettings = BlisFitSettings(), stack: str | None = None) -> ExportResult:
     """Write ``defaults_path`` with BLIS-form betas to ``out`` (or in place, keeping a backup).
 
     ``coeffs_path`` is a roofcal coefficient file (betas fitted here by distillation for
@@ -207,6 +225,8 @@ def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | P
     coefficient_spans(text, str(defaults_path))  # refuse a bad defaults file before any fitting
     schema, doc = read_coefficient_doc(coeffs_path)
     if schema == BLIS_FORM_SCHEMA:
+        if stack is not None:
+            raise RoofcalError(f"{coeffs_path}: a BLIS-form file has no serving stacks; --stack applies to a roofcal coefficient file")
         if deployments:
             raise RoofcalError(f"{coeffs_path}: a BLIS-form file is already fitted; --model/--tp apply to a roofcal coefficient file")
         form = form_from_dict(doc, str(coeffs_path))  # validated, coefficients included
@@ -214,7 +234,8 @@ def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | P
             resolve_deployment(d, form.hardware_calib, where=f"{coeffs_path}: deployment {d.model} tp {d.tp}")
         comment = provenance_comment(form, coeffs_path)
     else:
-        form = fit_form(coeffs_path, defaults_path, hardware_config, hardware, deployments, (), settings)
+        form = fit_form(coeffs_path, defaults_path, hardware_config, hardware, deployments, (), settings,
+                        stack=stack)
         validate_export_coeffs(form.alpha, form.beta, str(coeffs_path))
         comment = provenance_comment(form)
     new = replace_coefficients(text, form.alpha, form.beta, comment, str(defaults_path))

@@ -34,7 +34,7 @@ from roofcal.blis.fit import BETA_NAMES, Deployment, deployments_from_records
 from roofcal.blis.hardware_json import require_peaks
 from roofcal.errors import RoofcalError
 from roofcal.io import write_text_atomic
-from roofcal.model.coeffs import SCHEMA as COEFFS_SCHEMA
+from roofcal.model.coeffs import READS as COEFFS_READS, SCHEMA as COEFFS_SCHEMA
 
 BLIS_FORM_SCHEMA = "roofcal-blis/1"
 
@@ -146,7 +146,7 @@ def read_coefficient_doc(path: str | Path) -> tuple[str, Any]:
     path = Path(path)
     doc = strict_yaml_load(read_text_exact(path, "coefficient file"), str(path))
     schema = doc.get("schema") if isinstance(doc, dict) else None
-    if schema not in (COEFFS_SCHEMA, BLIS_FORM_SCHEMA):
+    if schema not in (*COEFFS_READS, BLIS_FORM_SCHEMA):
         raise RoofcalError(f"{path}: field 'schema' is {schema!r}; expected {COEFFS_SCHEMA!r} (roofcal fit) "
                            f"or {BLIS_FORM_SCHEMA!r} (roofcal blis fit)")
     return schema, doc

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from roofcal.model import correction as K
-from roofcal.model.coeffs import Coefficients, roundtrip
+from roofcal.model.coeffs import Coefficients, Stack, add_stack, roundtrip, with_stack
 from roofcal.physics.hardware import GPUSpec
 from roofcal.calibration.loss import error_summary, log_ratio_sq, prior_penalty
 from roofcal.model.combine import NON_COMPONENT, overhead_counts, step_breakdown
@@ -388,7 +388,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
 
     step_tests = [split_groups(d.config, settings.holdout, settings.seed + 1) for d in steps]
     params = fit_steps(steps, ops, settings, [~t for t in step_tests]) if steps else \
-        {"ops": ops, "step": prior.params["step"] if prior is not None else K.neutral_step_params()}
+        {"ops": ops, "step": K.neutral_step_params()}
 
     if steps:
         log(f"stage 2 (steps: {sum(len(d) for d in steps)} measured) done")
@@ -396,6 +396,14 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         [f"fitted with priors centred on {prior.source}"] + [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
                      data=provenance or [], fit=settings.record())
+    if steps:                                  # the serving stack these steps were measured on
+        step_files = [p for p in provenance or [] if str(p.get("kind", "")).startswith("steps")]
+        c = add_stack(c, stack_name(step_files), Stack(
+            params["step"], source={"kind": "whole steps (GPU time per step), fitted with the kernels",
+                                    "data": step_files}))
+    elif prior is not None and prior.stacks:
+        c = Coefficients(**{**c.__dict__, "stacks": dict(prior.stacks)})
+        c = with_stack(c, prior.stack)
     if prior is not None:
         c.fit["prior"] = prior.source
     if steps:
@@ -412,6 +420,13 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     c.metrics = _round_metrics(metrics)
     log("metrics done")
     return FitResult(c, test, step_tests, step_table)
+
+
+def stack_name(step_files: list) -> str:
+    """Name of the stack fitted on whole-step files: ``splitwise`` for splitwise's CSVs (its
+    2023 serving stack), else ``steps``."""
+    kinds = {str(p.get("kind", "")) for p in step_files}
+    return "splitwise" if kinds == {"steps (splitwise)"} else "steps"
 
 
 def _round_metrics(m):

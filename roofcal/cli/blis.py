@@ -105,7 +105,7 @@ def cmd_fit(a) -> None:
 
     t0 = time.time()
     form = fit_form(a.coeffs, a.defaults, a.hardware_config, a.hardware, _deployments(a), a.steps or (),
-                    _settings(a), steps_gpu=a.gpu)
+                    _settings(a), steps_gpu=a.gpu, stack=a.stack)
     save_form(form, a.out)
     _print_form(form)
     print(f"wrote {a.out} in {time.time() - t0:.1f} s")
@@ -118,7 +118,7 @@ def cmd_export_blis(a) -> None:
     if not (a.out or a.in_place or a.flags):
         raise RoofcalError("export blis: give --out FILE, --in-place, or --flags")
     result = export_blis(a.coeffs, a.defaults, a.out, a.in_place, _deployments(a), a.hardware_config,
-                         a.hardware, _settings(a))
+                         a.hardware, _settings(a), stack=a.stack)
     if result.form.metrics:
         _print_form(result.form)
     if result.out is not None:
@@ -159,6 +159,9 @@ def _fit_options(s) -> None:
     s.add_argument("--seed", type=int, default=d.seed, help=f"seed of the sample and held-out split (default {d.seed})")
     s.add_argument("--holdout", type=float, default=d.holdout, help=f"held-out fraction (default {d.holdout})")
     s.add_argument("--iters", type=int, default=d.iters, help=f"L-BFGS iterations (default {d.iters})")
+    s.add_argument("--stack", metavar="NAME",
+                   help="serving stack to distil: a stack of the coefficient file (default: the file's own), "
+                        "'none' for kernels only, or FILE:NAME to borrow one")
 
 
 def register(sub) -> None:

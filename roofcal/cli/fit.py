@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def cmd_fit(a) -> None:
     import time
+    from roofcal.errors import RoofcalError
     from roofcal.model import coeffs as coeff_io
     from roofcal.measurements import datasets
     from roofcal import resources
@@ -24,7 +25,24 @@ def cmd_fit(a) -> None:
           f"from {len(m.provenance)} files", flush=True)
     result = fit(gpu, m.ops, m.steps, settings, prior=prior, provenance=m.provenance)
     out = a.out or resources.COEFFS / f"{gpu.name}.yaml"
-    coeff_io.save(result.coeffs, out)
+    c = result.coeffs
+    for spec in a.stack_from or []:               # stacks borrowed explicitly, recorded as such
+        if ":" not in spec:
+            raise RoofcalError(f"--stack-from {spec}: give FILE:NAME (a stack of another coefficient file)")
+        c = coeff_io.resolve_stack(c, spec)
+    from pathlib import Path
+    if Path(out).is_file() and not a.no_carry:
+        try:
+            c = coeff_io.carry_stacks(c, coeff_io.load(out))
+        except RoofcalError as err:
+            print(f"note: serving stacks of {out} not carried over ({err})")
+    for name, st in c.stacks.items():
+        kind = st.source.get("kind", "")
+        print(f"serving stack '{name}'{' (default)' if name == c.stack else ''}: {kind}"
+              + (" — borrowed from " + str(st.source["borrowed_from"]["file"]) if "borrowed_from" in st.source else ""))
+    if c.stack is None:
+        print("no serving stack: whole-step predictions need --stack (none, or FILE:NAME); see --stack-from")
+    coeff_io.save(c, out)
     print(metrics_table(result.coeffs.metrics))
     print(f"wrote {out} in {time.time() - t0:.1f} s")
 
@@ -43,5 +61,11 @@ def register(sub) -> None:
     s.add_argument("--out", help="coefficient file to write (default coeffs/<gpu>.yaml)")
     s.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
     s.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
+    s.add_argument("--stack-from", action="append", metavar="FILE:NAME",
+                   help="borrow serving stack NAME of another coefficient file (repeatable; the last is "
+                        "the default), e.g. for a GPU without whole-step data")
+    s.add_argument("--no-carry", action="store_true",
+                   help="do not keep the serving stacks of an existing --out file that this fit does "
+                        "not produce (workload-calibrated or borrowed ones are kept by default)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_fit)

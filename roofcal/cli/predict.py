@@ -15,7 +15,7 @@ def cmd_predict(a) -> None:
         if not a.steps:
             raise RoofcalError("predict: give --steps FILE (step JSONL) or --ops FILE (per-op CSV)")
         from roofcal.model.predict import predict
-        df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs)
+        df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack)
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
 
@@ -29,6 +29,9 @@ def register(sub) -> None:
     s.add_argument("--gpu", help="bundled GPU name or datasheet path (for steps without one)")
     s.add_argument("--tp", type=int, help="tensor-parallel degree (for steps without one)")
     s.add_argument("--coeffs", help="coefficient file (default: neutral roofline defaults)")
+    s.add_argument("--stack", metavar="NAME",
+                   help="serving stack for whole steps: a stack of the coefficient file (default: "
+                        "the file's own), 'none' for kernels only, or FILE:NAME to borrow one")
     s.add_argument("--out", required=True, help="output CSV")
     s.set_defaults(func=cmd_predict)
 

@@ -17,12 +17,18 @@ Layout (every value in physical units)::
         range: {m: [1, 8192], n: [...], ...}       # shapes seen in fitting; clamped outside
         compute_efficiency: {"1": 1.2, m: 0.4, ...}   # logit-polynomial terms (see correction.py)
         memory_efficiency: {...}
-    step:
-      overheads_us: {step_us, layer_us, prefill_seq_us, decode_seq_us, token_us, allreduce_peer_us}
-      kernel_scales: {gemm, attention, moe, allreduce, elementwise}   # in-step / isolated, > 0
-      mix_sharpness: 1.0
+    stack: splitwise                               # the serving stack used by default (null: none)
+    stacks:                                        # named serving stacks: what a step costs beyond its kernels
+      splitwise:
+        source: {kind: steps, data: [{path, sha256, rows}], ...}   # where this layer came from
+        overheads_us: {step_us, layer_us, prefill_seq_us, decode_seq_us, token_us, allreduce_peer_us}
+        kernel_scales: {gemm, attention, moe, allreduce, elementwise}   # in-step / isolated, > 0
+        mix_sharpness: 1.0                         # prefill–decode attention soft max, ≥ 1
+        overlap_sharpness: 1.0                     # CPU–GPU soft max, ≥ 1 (1 = serial sum)
+        alphas_us: {queueing_us, post_decode_us, output_token_us}   # BLIS's α0, α1, α2 (µs)
 
-Loading validates everything and refuses files for another GPU or schema version.
+Loading validates everything and refuses files for another GPU or schema version; a
+``roofcal-coeffs/1`` file's single ``step`` block reads as one stack named ``schema-1``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,25 @@ from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.io import read_yaml, write_text_atomic
 
-SCHEMA = "roofcal-coeffs/1"
+SCHEMA = "roofcal-coeffs/2"
+#: schema versions this roofcal reads
+READS = ("roofcal-coeffs/1", SCHEMA)
+#: BLIS's alphas, in its order: α0 API ingestion before queueing (µs per request), α1 once per
+#: completed request, α2 per output token (metrics only, see docs/blis-latency-models.md §1.7)
+ALPHAS = ("queueing_us", "post_decode_us", "output_token_us")
+#: ``--stack`` value for kernels only: no serving stack (no overheads, kernels as in isolation)
+NO_STACK = "none"
+
+
+@dataclass
+class Stack:
+    """A serving stack's step layer: what one step costs beyond its kernels (CPU work, launch
+    gaps, overlap, in-step kernel scales; raw parameters as :mod:`roofcal.model.correction`
+    keeps them), BLIS's alphas in µs (:data:`ALPHAS`), and where it came from."""
+
+    params: dict
+    alphas_us: dict = field(default_factory=lambda: {n: 0.0 for n in ALPHAS})
+    source: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -57,6 +81,8 @@ class Coefficients:
     fit: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     source: str = "<memory>"
+    stacks: dict = field(default_factory=dict)      # name → Stack
+    stack: str | None = None                        # the stack in params["step"] (None: no stack)
 
     @classmethod
     def neutral(cls, gpu: GPUSpec) -> "Coefficients":
@@ -111,17 +137,26 @@ def op_to_dict(key: str, p: dict) -> dict:
     }
 
 
-def params_to_dict(params: dict) -> dict:
-    o = np.exp(np.asarray(params["step"]["overheads"], np.float64))
+def step_to_dict(step: dict) -> dict:
+    """A stack's raw step parameters → physical values for the file."""
+    o = np.exp(np.asarray(step["overheads"], np.float64))
+    q = 1.0 + np.logaddexp(0.0, float(step["overlap"])) if "overlap" in step else 1.0
     return {
-        "ops": {key: op_to_dict(key, params["ops"][key]) for key in sorted(params["ops"])},
-        "step": {
-            "overheads_us": {n: round_sig(v) for n, v in zip(K.STEP_OVERHEADS, o)},
-            "kernel_scales": {n: round_sig(math.exp(float(v)))
-                              for n, v in zip(K.STEP_SCALES, np.asarray(params["step"]["scales"]))},
-            "mix_sharpness": round_sig(1.0 + np.logaddexp(0.0, float(params["step"]["mix"]))),
-        },
+        "overheads_us": {n: round_sig(v) for n, v in zip(K.STEP_OVERHEADS, o)},
+        "kernel_scales": {n: round_sig(math.exp(float(v)))
+                          for n, v in zip(K.STEP_SCALES, np.asarray(step["scales"]))},
+        "mix_sharpness": round_sig(1.0 + np.logaddexp(0.0, float(step["mix"]))),
+        "overlap_sharpness": round_sig(q),
     }
+
+
+def stack_to_dict(st: Stack) -> dict:
+    return {"source": dict(st.source), **step_to_dict(st.params),
+            "alphas_us": {n: round_sig(float(st.alphas_us.get(n, 0.0))) for n in ALPHAS}}
+
+
+def params_to_dict(params: dict) -> dict:
+    return {"ops": {key: op_to_dict(key, params["ops"][key]) for key in sorted(params["ops"])}}
 
 
 def _finite(v, where: str, minimum: float | None = None) -> float:
@@ -179,33 +214,137 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
     }
 
 
-def params_from_dict(d: dict, src: str) -> dict:
-    ops = d.get("ops") or {}
-    step = d.get("step")
-    if not isinstance(ops, dict):
-        raise RoofcalError(f"{src}: field 'ops' must be a mapping")
+def step_from_dict(step, src: str, where: str = "step") -> dict:
+    """The raw step parameters of a stack block (``where`` names it in errors)."""
     if not isinstance(step, dict):
-        raise RoofcalError(f"{src}: field 'step' is missing")
+        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
     ov = step.get("overheads_us")
     if not isinstance(ov, dict) or set(ov) != set(K.STEP_OVERHEADS):
-        raise RoofcalError(f"{src}: field 'step.overheads_us' must give {', '.join(K.STEP_OVERHEADS)}")
-    o = [_finite(ov[n], f"{src}: field 'step.overheads_us.{n}'", 0.0) for n in K.STEP_OVERHEADS]
+        raise RoofcalError(f"{src}: field '{where}.overheads_us' must give {', '.join(K.STEP_OVERHEADS)}")
+    o = [_finite(ov[n], f"{src}: field '{where}.overheads_us.{n}'", 0.0) for n in K.STEP_OVERHEADS]
     sc = step.get("kernel_scales")
     if not isinstance(sc, dict) or set(sc) != set(K.STEP_SCALES):
-        raise RoofcalError(f"{src}: field 'step.kernel_scales' must give {', '.join(K.STEP_SCALES)}")
+        raise RoofcalError(f"{src}: field '{where}.kernel_scales' must give {', '.join(K.STEP_SCALES)}")
     scales = []
     for n in K.STEP_SCALES:
-        v = _finite(sc[n], f"{src}: field 'step.kernel_scales.{n}'", 0.0)
+        v = _finite(sc[n], f"{src}: field '{where}.kernel_scales.{n}'", 0.0)
         if v <= 0:
-            raise RoofcalError(f"{src}: field 'step.kernel_scales.{n}' must be > 0, got {v!r}")
+            raise RoofcalError(f"{src}: field '{where}.kernel_scales.{n}' must be > 0, got {v!r}")
         scales.append(math.log(v))
-    mix = _finite(step.get("mix_sharpness"), f"{src}: field 'step.mix_sharpness'", 1.0)
-    return {
-        "ops": {key: op_from_dict(key, v, src) for key, v in ops.items()},
-        "step": {"overheads": jnp.asarray([math.log(max(x, 1e-9)) for x in o], jnp.float32),
-                 "scales": jnp.asarray(scales, jnp.float32),
-                 "mix": jnp.asarray(K.softplus_inv(max(mix - 1.0, 1e-9)), jnp.float32)},
-    }
+    mix = _finite(step.get("mix_sharpness"), f"{src}: field '{where}.mix_sharpness'", 1.0)
+    out = {"overheads": jnp.asarray([math.log(max(x, 1e-9)) for x in o], jnp.float32),
+           "scales": jnp.asarray(scales, jnp.float32),
+           "mix": jnp.asarray(K.softplus_inv(max(mix - 1.0, 1e-9)), jnp.float32)}
+    q = _finite(step.get("overlap_sharpness", 1.0), f"{src}: field '{where}.overlap_sharpness'", 1.0)
+    if q > 1.0:
+        out["overlap"] = jnp.asarray(K.softplus_inv(q - 1.0), jnp.float32)
+    return out
+
+
+def stack_from_dict(d, src: str, name: str) -> Stack:
+    where = f"stacks.{name}"
+    if not isinstance(d, dict):
+        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
+    known = {"source", "overheads_us", "kernel_scales", "mix_sharpness", "overlap_sharpness", "alphas_us"}
+    extra = sorted(set(d) - known, key=str)
+    if extra:
+        raise RoofcalError(f"{src}: field '{where}.{extra[0]}' is not a stack field ({', '.join(sorted(known))})")
+    al = d.get("alphas_us", {n: 0.0 for n in ALPHAS})
+    if not isinstance(al, dict) or set(al) != set(ALPHAS):
+        raise RoofcalError(f"{src}: field '{where}.alphas_us' must give {', '.join(ALPHAS)}")
+    alphas = {n: _finite(al[n], f"{src}: field '{where}.alphas_us.{n}'", 0.0) for n in ALPHAS}
+    source = d.get("source", {})
+    if not isinstance(source, dict):
+        raise RoofcalError(f"{src}: field '{where}.source' must be a mapping")
+    return Stack(step_from_dict(d, src, where), alphas, source)
+
+
+def params_from_dict(d: dict, src: str) -> dict:
+    """Kernel corrections of a file (``ops``), with the neutral step level (see :func:`load`)."""
+    ops = d.get("ops") or {}
+    if not isinstance(ops, dict):
+        raise RoofcalError(f"{src}: field 'ops' must be a mapping")
+    return {"ops": {key: op_from_dict(key, v, src) for key, v in ops.items()},
+            "step": K.neutral_step_params()}
+
+
+def stacks_from_dict(d: dict, src: str) -> tuple[dict, str | None]:
+    """({name: Stack}, default name) of a file; schema 1's ``step`` block is stack ``schema-1``."""
+    if d.get("schema") == "roofcal-coeffs/1":
+        return {"schema-1": Stack(step_from_dict(d.get("step"), src), source={"kind": "schema-1 file"})}, "schema-1"
+    raw = d.get("stacks", {})
+    if not isinstance(raw, dict):
+        raise RoofcalError(f"{src}: field 'stacks' must map stack names to stacks")
+    stacks = {str(k): stack_from_dict(v, src, str(k)) for k, v in raw.items()}
+    default = d.get("stack")
+    if default is not None and default not in stacks:
+        raise RoofcalError(f"{src}: field 'stack' names {default!r}, which is not in 'stacks' "
+                           f"({', '.join(stacks) or 'none'})")
+    return stacks, default
+
+
+def with_stack(c: "Coefficients", name: str | None) -> "Coefficients":
+    """``c`` predicting with serving stack ``name`` (one of ``c.stacks``; :data:`NO_STACK` or
+    None for kernels only)."""
+    if name in (None, NO_STACK):
+        return Coefficients(**{**c.__dict__, "params": {**c.params, "step": K.neutral_step_params()},
+                               "stack": None})
+    if name not in c.stacks:
+        raise RoofcalError(f"{c.source}: no serving stack {name!r} (it has: "
+                           f"{', '.join(c.stacks) or 'none'}; '{NO_STACK}' = kernels only)")
+    return Coefficients(**{**c.__dict__, "params": {**c.params, "step": c.stacks[name].params},
+                           "stack": name})
+
+
+def add_stack(c: "Coefficients", name: str, stack: Stack, default: bool = False) -> "Coefficients":
+    """``c`` with ``stack`` added as ``name`` (replacing one of that name); the default if
+    ``default`` or if ``c`` had none."""
+    stacks = {**c.stacks, name: stack}
+    out = Coefficients(**{**c.__dict__, "stacks": stacks})
+    return with_stack(out, name if default or c.stack is None or c.stack == name else c.stack)
+
+
+def resolve_stack(c: "Coefficients", spec: str | None) -> "Coefficients":
+    """``c`` with the stack a ``--stack`` value names: None → the file's default; ``none`` →
+    kernels only; ``NAME`` → one of the file's stacks; ``FILE:NAME`` → a stack borrowed from
+    another coefficient file (any GPU), recorded in its source as borrowed."""
+    if spec is None:
+        return c
+    if spec == NO_STACK or spec in c.stacks:
+        return with_stack(c, spec)
+    if ":" in spec:
+        path, name = spec.rsplit(":", 1)
+        other = load(path)
+        if name not in other.stacks:
+            raise RoofcalError(f"{path}: no serving stack {name!r} (it has: {', '.join(other.stacks) or 'none'})")
+        st = other.stacks[name]
+        borrowed = Stack(st.params, dict(st.alphas_us),
+                         {"borrowed_from": {"file": str(path), "sha256": _sha(path), "gpu": other.gpu,
+                                            "stack": name}, **st.source})
+        return add_stack(c, name, borrowed, default=True)
+    return with_stack(c, spec)        # raises: names the stacks there are
+
+
+def carry_stacks(new: "Coefficients", old: "Coefficients") -> "Coefficients":
+    """``new`` (just fitted) with the stacks of ``old`` (the file it replaces) that the fit did not
+    produce itself — calibrated on serving runs or borrowed — kept, and ``old``'s default stack
+    kept as default when it is one of them. A refit of the kernels then does not drop a serving
+    stack calibrated with another command."""
+    if old.gpu != new.gpu:
+        return new
+    out = new
+    for name, st in old.stacks.items():
+        foreign = str(st.source.get("kind", "")).startswith("workload") or "borrowed_from" in st.source
+        if name not in new.stacks and foreign:
+            out = add_stack(out, name, st)
+    if old.stack in out.stacks and old.stack not in new.stacks:
+        out = with_stack(out, old.stack)
+    return out
+
+
+def _sha(path) -> str:
+    from roofcal.io import sha256_file
+    return sha256_file(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,10 +362,12 @@ def to_yaml(c: Coefficients) -> str:
         "fit": dict(c.fit),
         "metrics": dict(c.metrics),
         **params_to_dict(c.params),
+        "stack": c.stack,
+        "stacks": {name: stack_to_dict(st) for name, st in c.stacks.items()},
     }
-    header = ("# roofcal coefficient file (schema roofcal-coeffs/1); see roofcal/coeffs.py and the\n"
+    header = (f"# roofcal coefficient file (schema {SCHEMA}); see roofcal/model/coeffs.py and the\n"
               "# README. Efficiencies are sigmoid(sum of term coefficients x standardized log-shape\n"
-              "# monomials); latencies and overheads in microseconds.\n")
+              "# monomials); latencies and overheads in microseconds; 'stacks' are serving stacks.\n")
     return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
 
 
@@ -243,8 +384,8 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     if not isinstance(doc, dict):
         raise RoofcalError(f"{src}: not a roofcal coefficient file")
     schema = doc.get("schema")
-    if schema != SCHEMA:
-        raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {SCHEMA!r}")
+    if schema not in READS:
+        raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {', '.join(map(repr, READS))}")
     g = doc.get("gpu")
     if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
             or not isinstance(g.get("datasheet_sha256"), str):
@@ -258,6 +399,8 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
                      calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),
                      data=doc.get("data", []), fit=doc.get("fit", {}),
                      metrics=doc.get("metrics", {}), source=src)
+    stacks, default = stacks_from_dict(doc, src)
+    c = with_stack(Coefficients(**{**c.__dict__, "stacks": stacks}), default)
     if gpu is not None:
         c.check_gpu(load_gpu(gpu))
     return c
@@ -266,5 +409,6 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
 def roundtrip(c: Coefficients) -> Coefficients:
     """``c`` as it will read back from its file (parameters rounded to file precision)."""
     doc = yaml.safe_load(to_yaml(c))
-    c2 = Coefficients(**{**c.__dict__, "params": params_from_dict(doc, c.source)})
-    return c2
+    stacks, default = stacks_from_dict(doc, c.source)
+    c2 = Coefficients(**{**c.__dict__, "params": params_from_dict(doc, c.source), "stacks": stacks})
+    return with_stack(c2, default)

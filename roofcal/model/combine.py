@@ -22,8 +22,14 @@ from roofcal.physics.steps import StepBatch, step_totals
 
 #: breakdown column for the step-level overheads
 OVERHEAD = "overhead"
+#: breakdown column for the CPU time hidden behind GPU work (≤ 0 µs; 0 for a serial stack)
+OVERLAP = "overlap"
+#: 1 for the overheads paid on the CPU, in the order of ``STEP_OVERHEADS``
+CPU_MASK = np.array([n in K.CPU_OVERHEADS for n in K.STEP_OVERHEADS], np.float32)
+#: output of :func:`combine`: the CPU-side part of the overheads (µs), before any overlap
+CPU = "cpu"
 #: outputs of :func:`step_breakdown` that are not components of the predicted time
-NON_COMPONENT = ("total", "flops", "bytes", "ideal_compute", "ideal_memory")
+NON_COMPONENT = ("total", "flops", "bytes", "ideal_compute", "ideal_memory", CPU)
 
 
 def op_rate_fields(gpu: GPUSpec, kind: str, variant: str) -> tuple[str, str]:
@@ -60,7 +66,9 @@ def kernel_times(params: dict, calls: dict, ideal: dict) -> dict:
 def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
     """Step level: kernel times (µs per step, by component) → every component, ``overhead`` and
     ``total`` (µs). Applies the kernel-group scales, the prefill–decode attention mix of a mixed
-    step (soft max with sharpness ``mix``; 1 = sum) and the overheads; ``t`` = step totals."""
+    step (soft max with sharpness ``mix``; 1 = sum), the overheads, and the CPU–GPU ``overlap``
+    (:func:`roofcal.model.correction.overlap`; ``overlap`` ≤ 0 is the CPU time hidden behind the
+    GPU's); ``t`` = step totals."""
     out = dict(kernels)
     scales = K.step_scales(step)
     for group, names in K.STEP_SCALES.items():
@@ -71,8 +79,16 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
     both = K.smax(a, b, K.mix_sharpness(step))
     scale = jnp.where(a + b > 0, both / jnp.maximum(a + b, 1e-30), 1.0)
     out["attn_prefill"], out["attn_decode"] = a * scale, b * scale
-    out[OVERHEAD] = overhead_counts(model, tp, t, jnp) @ K.step_overheads(step)
-    out["total"] = sum(out.values())
+    counts = overhead_counts(model, tp, t, jnp)
+    out[OVERHEAD] = counts @ K.step_overheads(step)
+    serial = sum(out.values())
+    cpu = counts @ (K.step_overheads(step) * CPU_MASK)
+    if "overlap" in step:                      # a stack whose CPU work can hide behind the GPU's
+        out[OVERLAP] = K.overlap(serial - cpu, cpu, step) - serial
+    else:
+        out[OVERLAP] = jnp.zeros_like(serial)
+    out["total"] = serial + out[OVERLAP]
+    out[CPU] = cpu
     return out
 
 

@@ -14,8 +14,10 @@ For a kernel with ideal compute time ``tc = FLOPs / peak`` and ideal memory time
 * ``latency`` > 0 µs: fixed cost of a call (launch, prologue, synchronisation).
 * ``q`` ≥ 1: soft-max sharpness; q = 1 adds compute and memory time, q → ∞ takes the larger.
 
-At step level, in µs: overheads per step, per layer, per prefill sequence, per decode sequence,
-per token, and per all-reduce per peer GPU (synchronisation that grows with TP − 1); ``scales``
+At step level — the *serving stack* — in µs: overheads per step, per layer, per prefill sequence,
+per decode sequence, per token, and per all-reduce per peer GPU (synchronisation that grows with
+TP − 1; with the per-layer launch gaps paid on the GPU, the rest is CPU-side work); ``overlap``
+≥ 1, the soft-max sharpness combining the GPU's work and the CPU's (1 = serial sum); ``scales``
 > 0, how much slower (> 1) or faster each kernel group (GEMM, attention, MoE, all-reduce,
 elementwise) runs inside whole steps of a serving stack than in isolation; and ``mix`` ≥ 1, the
 soft-max sharpness combining the prefill and decode attention calls of a mixed step (1 = they run
@@ -75,6 +77,11 @@ NEUTRAL_EFFICIENCY = 1.0 - 1e-5
 NEUTRAL_SHARPNESS = 32.0
 STEP_OVERHEADS = ("step_us", "layer_us", "prefill_seq_us", "decode_seq_us", "token_us",
                   "allreduce_peer_us")
+#: overheads paid on the GPU inside the forward pass (launch gaps per layer, all-reduce
+#: synchronisation); the others are CPU-side work of the serving stack (scheduling, input
+#: preparation, sampling, output processing), which may overlap the GPU's work
+GPU_OVERHEADS = ("layer_us", "allreduce_peer_us")
+CPU_OVERHEADS = tuple(n for n in STEP_OVERHEADS if n not in GPU_OVERHEADS)
 #: kernel groups with a step-level scale, and the breakdown components in each
 STEP_SCALES = {
     "gemm": ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "shared_up", "shared_down", "lm_head"),
@@ -308,6 +315,21 @@ def step_overheads(p: dict) -> jnp.ndarray:
 
 def mix_sharpness(p: dict):
     return 1.0 + softplus(p["mix"])
+
+
+def overlap_sharpness(p: dict):
+    """q ≥ 1 of the CPU–GPU soft max; 1 (serial sum) when the stack has no ``overlap`` entry."""
+    return 1.0 + softplus(p["overlap"]) if "overlap" in p else 1.0
+
+
+def overlap(gpu, cpu, p: dict):
+    """Cycle time (µs) of a step whose GPU work takes ``gpu`` µs and whose CPU-side work takes
+    ``cpu`` µs: their soft max with sharpness ``overlap`` — q = 1 runs them one after the other
+    (gpu + cpu), q → ∞ hides the shorter completely (max). Exactly ``gpu + cpu`` without an
+    ``overlap`` entry."""
+    if "overlap" not in p:
+        return gpu + cpu
+    return smax(gpu, cpu, overlap_sharpness(p))
 
 
 def op_key(kind: str, variant: str) -> str:

@@ -23,17 +23,25 @@ from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row
 from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps
 
 
-def resolve_coeffs(coeffs, gpu):
-    """A :class:`Coefficients` for ``gpu``: loaded from a path, checked, or neutral when None."""
+def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False):
+    """A :class:`Coefficients` for ``gpu``: loaded from a path, checked, or neutral when None;
+    with serving stack ``stack`` (:func:`roofcal.model.coeffs.resolve_stack`; None: the file's
+    own). For whole ``steps``, a file without any stack is refused unless ``stack`` says
+    ``none`` (kernels only), so no step is predicted without its overheads by accident."""
     if coeffs is None:
-        return coeff_io.Coefficients.neutral(gpu)
-    if isinstance(coeffs, (str, Path)):
-        return coeff_io.load(coeffs, gpu)
-    coeffs.check_gpu(gpu)
-    return coeffs
+        c = coeff_io.Coefficients.neutral(gpu)
+    elif isinstance(coeffs, (str, Path)):
+        c = coeff_io.load(coeffs, gpu)
+    else:
+        coeffs.check_gpu(gpu)
+        c = coeffs
+    if stack is None and steps and c.stack is None and coeffs is not None:
+        raise RoofcalError(f"{c.source}: has no serving stack for whole steps; pass --stack "
+                           f"{coeff_io.NO_STACK} (kernels only) or --stack FILE:NAME to borrow one")
+    return coeff_io.resolve_stack(c, stack)
 
 
-def per_deployment(steps, model, gpu, tp, coeffs, compute) -> pd.DataFrame:
+def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = None) -> pd.DataFrame:
     """Run ``compute`` on each deployment's steps; one row per input step, in input order.
 
     Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP), a step's own fields
@@ -51,25 +59,30 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute) -> pd.DataFrame:
         spec, gspec = load_model(m), load_gpu(g)
         check_tp(spec, int(t), where=f"{src}: tp")
         recs = [records[i] for i in idx]
-        df = compute(resolve_coeffs(coeffs, gspec), spec, gspec, int(t), batch_steps(recs), recs)
+        c = resolve_coeffs(coeffs, gspec, stack, steps=True)
+        df = compute(c, spec, gspec, int(t), batch_steps(recs), recs)
         front = pd.DataFrame({"step": np.asarray(idx) + 1, "phase": [r.phase for r in recs],
-                              "model": spec.name, "gpu": gspec.name, "tp": int(t)})
+                              "model": spec.name, "gpu": gspec.name, "tp": int(t),
+                              "stack": c.stack or coeff_io.NO_STACK})
         frames.append(pd.concat([front, df.reset_index(drop=True)], axis=1))
     return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable") \
         .reset_index(drop=True)
 
 
 def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
-            coeffs=None) -> pd.DataFrame:
+            coeffs=None, stack: str | None = None) -> pd.DataFrame:
     """Predict every step; one row per input step, in input order.
 
     ``steps``: a JSONL path or a list of :class:`Step`. ``model`` / ``gpu`` / ``tp`` apply to steps
     that do not name their own. ``coeffs``: a coefficient file path, a loaded
-    :class:`~roofcal.coeffs.Coefficients`, or None for the neutral roofline defaults.
+    :class:`~roofcal.model.coeffs.Coefficients`, or None for the neutral roofline defaults.
+    ``stack``: the serving stack (a name in the file, ``none`` for kernels only, or
+    ``FILE:NAME``; default the file's own).
 
-    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``measured_us`` (when given),
-    ``predicted_us``, one ``<component>_us`` column per kernel and ``overhead_us``, then ``flops``
-    and ``bytes`` (one GPU, whole step).
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``measured_us`` (when
+    given), ``predicted_us``, one ``<component>_us`` column per kernel, ``overhead_us`` and
+    ``overlap_us`` (CPU time hidden behind the GPU's, ≤ 0), then ``flops`` and ``bytes`` (one
+    GPU, whole step).
     """
     def one(c, spec, gspec, t, batch, recs):
         out = {k: np.asarray(v, np.float64) for k, v in
@@ -83,10 +96,10 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
         df["flops"], df["bytes"] = out["flops"], out["bytes"]
         return df
 
-    df = per_deployment(steps, model, gpu, tp, coeffs, one)
+    df = per_deployment(steps, model, gpu, tp, coeffs, one, stack)
     comp = [c for c in df.columns if c.endswith("_us") and c not in ("predicted_us", "measured_us")]
     df[comp] = df[comp].fillna(0.0)
-    front = [c for c in ("step", "phase", "model", "gpu", "tp", "measured_us", "predicted_us")
+    front = [c for c in ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "predicted_us")
              if c in df.columns]
     return df[front + sorted(comp) + ["flops", "bytes"]].reset_index(drop=True)
 

@@ -275,9 +275,14 @@ def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
             "sm_count": round(new_gpu.sm_count / ref_gpu.sm_count, 6),
             "balance_flops_per_byte": round(new_gpu.balance_flops_per_byte
                                             / ref_gpu.balance_flops_per_byte, 6)}}}
+    from roofcal.model.coeffs import Stack
+    stacks = {name: Stack(st.params, dict(st.alphas_us),
+                          {"carried_from_gpu": ref_gpu.name, "zero_shot": True, **st.source})
+              for name, st in ref.stacks.items()}      # serving stacks carry across, marked so
     return Coefficients(new_gpu.name, new_gpu.sha256(), params, calibrated=False,
                         notes=bootstrap_notes(rule, ref, ref_gpu, new_gpu), data=[], fit=fit,
-                        metrics={}, source=f"<bootstrap of {ref.source}>")
+                        metrics={}, source=f"<bootstrap of {ref.source}>", stacks=stacks,
+                        stack=ref.stack)
 
 
 def bootstrap_file(ref_path, new_gpu, out, ref_datasheet=None, rule: str = DEFAULT_RULE) -> Coefficients:

@@ -40,7 +40,7 @@ from roofcal.physics.decompose import step_ops
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import NUMERIC_FIELDS, GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
-from roofcal.model.combine import OVERHEAD, combine, kernel_times
+from roofcal.model.combine import CPU, OVERHEAD, OVERLAP, combine, kernel_times
 from roofcal.physics.steps import StepBatch, step_totals
 
 #: datasheet numbers the time model reads, traced in :func:`step_times`
@@ -76,15 +76,24 @@ def op_time(p: dict, kind: str, work, new: tuple, ref: tuple, rule: str):
 
 
 def fixed_time(params: dict, calls: dict, kernels: dict, out: dict):
-    """µs of each step that no rate moves: the overheads, and each kernel's latencies as their
-    share of the kernel's time before the step level, carried through its step-level scale."""
+    """µs of each step that no rate moves, to first order: the overheads, and each kernel's
+    latencies as their share of the kernel's time before the step level, carried through its
+    step-level scale; with CPU–GPU overlap, the rate-bound GPU time R counts by how much the cycle
+    time moves with it, ∂t/∂gpu = (gpu/t)^(q−1), so fixed = t − R·(gpu/t)^(q−1)."""
     fixed = out[OVERHEAD]
     for name, call in calls.items():
         _, p = K.lookup(params["ops"], call.kind, call.variant)
         k = kernels[name]
         lat = call.count * jnp.exp(p["latency"])
         fixed = fixed + jnp.where(k > 0, lat / jnp.maximum(k, 1e-30), 0.0) * out[name]
-    return fixed
+    if "overlap" not in params["step"]:
+        return fixed
+    total = out["total"]
+    serial = total - out[OVERLAP]
+    gpu = serial - out[CPU]
+    q = K.overlap_sharpness(params["step"])
+    slope = (jnp.maximum(gpu, 1e-30) / jnp.maximum(total, 1e-30)) ** (q - 1.0)
+    return total - (serial - fixed) * slope
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "ref", "tp", "rule"))

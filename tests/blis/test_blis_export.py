@@ -368,9 +368,11 @@ def test_export_from_form_flags_and_in_place_backup(tmp_path, capsys):
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     out1, out2, form = tmp / "d1.yaml", tmp / "d2.yaml", tmp / "form.yaml"
+    # the splitwise stack has no request-level data: its export keeps the input's alphas
     assert main(["export", "blis", "--coeffs", str(H100_COEFFS), "--defaults", str(DEFAULTS), "--out", str(out1),
-                 "--samples", SAMPLES, "--flags"]) == 0
-    assert main(["blis", "fit", "--coeffs", str(H100_COEFFS), "--samples", SAMPLES, "--out", str(form)]) == 0
+                 "--samples", SAMPLES, "--flags", "--stack", "splitwise"]) == 0
+    assert main(["blis", "fit", "--coeffs", str(H100_COEFFS), "--samples", SAMPLES, "--out", str(form),
+                 "--stack", "splitwise"]) == 0
     assert main(["export", "blis", "--coeffs", str(form), "--defaults", str(DEFAULTS), "--out", str(out2)]) == 0
     return out1, out2, form
 
@@ -394,8 +396,28 @@ def test_export_blis_is_deterministic_and_form_path_agrees(exported, tmp_path):
     assert read_defaults_coefficients(out1) == read_defaults_coefficients(out2)
     again = tmp_path / "again.yaml"
     assert main(["export", "blis", "--coeffs", str(H100_COEFFS), "--defaults", str(DEFAULTS), "--out", str(again),
-                 "--samples", SAMPLES]) == 0
+                 "--samples", SAMPLES, "--stack", "splitwise"]) == 0
     assert again.read_bytes() == out1.read_bytes()
+
+
+def test_export_of_a_workload_calibrated_stack_writes_its_alphas(tmp_path):
+    # the default stack of the shipped H100 file was calibrated on serving runs: its alphas (µs)
+    # replace the input's, the betas are distilled with its overheads
+    from roofcal.model import coeffs
+    c = coeffs.load(H100_COEFFS)
+    assert c.stack == "vllm" and c.stacks["vllm"].source["kind"].startswith("workload")
+    out = tmp_path / "d.yaml"
+    assert main(["export", "blis", "--coeffs", str(H100_COEFFS), "--defaults", str(DEFAULTS), "--out", str(out),
+                 "--samples", SAMPLES, "--model", "llama-2-7b-hf:1"]) == 0
+    doc = dup_free_load(out.read_text())["trained_physics_coefficients"]
+    want = [c.stacks["vllm"].alphas_us[n] for n in ("queueing_us", "post_decode_us", "output_token_us")]
+    assert doc["alpha_coeffs"] == pytest.approx(want, rel=1e-6)
+    kernels_only = tmp_path / "k.yaml"
+    assert main(["export", "blis", "--coeffs", str(H100_COEFFS), "--defaults", str(DEFAULTS), "--out",
+                 str(kernels_only), "--samples", SAMPLES, "--model", "llama-2-7b-hf:1", "--stack", "none"]) == 0
+    k = dup_free_load(kernels_only.read_text())["trained_physics_coefficients"]
+    assert k["alpha_coeffs"] == list(ALPHA)                       # kept: no stack, no request data
+    assert sum(doc["beta_coeffs"][4:7]) > sum(k["beta_coeffs"][4:7])   # per layer/request/step > 0 with CPU work
 
 
 def test_blis_form_reports_native_and_blis_heldout_side_by_side(exported):

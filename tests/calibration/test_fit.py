@@ -106,7 +106,7 @@ def test_coefficient_file_round_trip_and_refusals(tmp_path):
         coeff_io.load(path, "h100_sxm")
     text = path.read_text()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("schema: roofcal-coeffs/1", "schema: roofcal-coeffs/9"))
+    bad.write_text(text.replace("schema: roofcal-coeffs/2", "schema: roofcal-coeffs/9"))
     with pytest.raises(RoofcalError, match="roofcal-coeffs/9"):
         coeff_io.load(bad)
     bad.write_text(text.replace("latency_us: ", "latency_us: -", 1))
