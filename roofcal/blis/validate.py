@@ -1,0 +1,129 @@
+"""Workload-level validation: BLIS replays of measured serving runs against what was measured.
+
+In: experiments (:func:`roofcal.measurements.workload.read_experiments`), :class:`~.run.BlisSettings`,
+optionally α/β coefficients. Out: :class:`Validation` — one row per (experiment, scope) with
+measured and simulated mean E2E, TTFT and ITL (ms) and the signed error
+100 · (sim − measured) / measured (%), and the MAPE over the summary rows of the runs that are not
+overloaded (failure rate < 10 %: reported, not scored — inference-sim's validation rule).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import pandas as pd
+
+from roofcal.blis.run import BlisSettings, SimResult, run_experiments
+from roofcal.measurements.workload import Experiment
+
+METRICS = ("e2e", "ttft", "itl")
+COLUMNS = (["experiment", "scope", "model", "tp", "overload"]
+           + [f"measured_{m}_ms" for m in METRICS] + [f"sim_{m}_ms" for m in METRICS]
+           + [f"err_{m}_pct" for m in METRICS]
+           + ["sim_duration_s", "wall_s", "arrivals", "sim_completed"])
+
+
+@dataclass(frozen=True, eq=False)
+class Validation:
+    """``table``: one row per (experiment, scope), columns :data:`COLUMNS`; ``mape``: {e2e, ttft,
+    itl} mean |err| (%) over the summary rows of non-overload runs (NaN if there are none);
+    ``results``: the BLIS replays, in experiment order; ``wall_s``: wall-clock time of it all."""
+
+    table: pd.DataFrame
+    mape: dict[str, float]
+    results: tuple[SimResult, ...]
+    arrivals: str
+    wall_s: float
+
+    @property
+    def scored(self) -> int:
+        """How many runs the MAPE is over."""
+        s = self.table[(self.table["scope"] == "summary") & ~self.table["overload"]]
+        return len(s)
+
+
+def _err(sim: float, meas: float) -> float:
+    if not (math.isfinite(sim) and math.isfinite(meas)) or meas == 0:
+        return float("nan")
+    return 100.0 * (sim - meas) / meas
+
+
+def validation_table(exps: Sequence[Experiment], results: Sequence[SimResult]) -> pd.DataFrame:
+    """The per-(experiment, scope) comparison table of :class:`Validation`."""
+    rows = []
+    for exp, res in zip(exps, results):
+        for scope in exp.scopes:
+            meas, sim = exp.truth[scope], res.scopes[scope]
+            row = {"experiment": exp.name, "scope": scope, "model": exp.model_id, "tp": exp.tp,
+                   "overload": exp.overload}
+            for m in METRICS:
+                row[f"measured_{m}_ms"] = getattr(meas, f"{m}_ms")
+                row[f"sim_{m}_ms"] = getattr(sim, f"{m}_ms")
+            for m in METRICS:
+                row[f"err_{m}_pct"] = _err(row[f"sim_{m}_ms"], row[f"measured_{m}_ms"])
+            row.update(sim_duration_s=res.sim_duration_s, wall_s=res.wall_s, arrivals=res.arrivals,
+                       sim_completed=sim.completed)
+            rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def mape(table: pd.DataFrame) -> dict[str, float]:
+    """{e2e, ttft, itl}: mean |err_*_pct| over the summary rows of non-overload runs."""
+    s = table[(table["scope"] == "summary") & ~table["overload"].astype(bool)]
+    return {m: float(s[f"err_{m}_pct"].abs().mean()) if len(s) else float("nan") for m in METRICS}
+
+
+def validate(exps: Sequence[Experiment], settings: BlisSettings, alpha: Sequence[float] | None = None,
+             beta: Sequence[float] | None = None, progress: bool = True,
+             keep: str | os.PathLike | None = None) -> Validation:
+    """Replay every experiment in BLIS (:func:`~.run.run_experiments`) and compare with measurement."""
+    exps = list(exps)
+    t0 = time.perf_counter()
+    results = run_experiments(exps, settings, alpha, beta, progress=progress, keep=keep)
+    table = validation_table(exps, results)
+    return Validation(table=table, mape=mape(table), results=tuple(results), arrivals=settings.replay,
+                      wall_s=time.perf_counter() - t0)
+
+
+def validation_text(v: Validation) -> str:
+    """Markdown: the summary rows, the MAPE line, then the per-stage rows."""
+    from roofcal.tables import table
+
+    def rows(frame):
+        out = []
+        for r in frame.to_dict("records"):
+            row = {"experiment": r["experiment"] + (" (overload)" if r["overload"] else ""),
+                   "scope": r["scope"], "TP": r["tp"]}
+            for m, label in zip(METRICS, ("E2E", "TTFT", "ITL")):
+                row[f"{label} meas"] = r[f"measured_{m}_ms"]
+                row[f"{label} sim"] = r[f"sim_{m}_ms"]
+                row[f"{label} err %"] = r[f"err_{m}_pct"]
+            row.update({"sim s": r["sim_duration_s"], "BLIS s": r["wall_s"]})
+            out.append(row)
+        return out
+
+    t = v.table
+    summary = t[t["scope"] == "summary"]
+    stages = t[t["scope"] != "summary"]
+    metric_cols = [f"{label} {what}" for label in ("E2E", "TTFT", "ITL") for what in ("meas", "sim", "err %")]
+    head = ["experiment", "TP", *metric_cols, "sim s", "BLIS s"]
+    m = v.mape
+    lines = [f"BLIS replay, {v.arrivals}: measured vs simulated means in ms "
+             f"(err = 100·(sim − meas)/meas, signed; sim s = simulated duration)", "",
+             table(rows(summary), head), "",
+             f"MAPE over {v.scored} non-overload runs: E2E {m['e2e']:.1f} %, TTFT {m['ttft']:.1f} %, "
+             f"ITL {m['itl']:.1f} %  ({len(summary)} runs, {v.wall_s:.0f} s wall)"]
+    if len(stages):
+        lines += ["", "Per stage (requests assigned to stages by arrival time):", "",
+                  table(rows(stages), ["experiment", "scope", *metric_cols])]
+    return "\n".join(lines)
+
+
+def write_validation_csv(v: Validation, path: str | os.PathLike) -> None:
+    """Write :attr:`Validation.table` as CSV, atomically."""
+    from roofcal.io import write_csv_atomic
+    write_csv_atomic(v.table, path)
