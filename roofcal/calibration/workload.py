@@ -1,0 +1,460 @@
+"""Workload calibration: fit a serving stack (and BLIS's alphas) so that BLIS, fed roofcal's
+exported coefficients, reproduces the mean TTFT, ITL and E2E measured on real serving runs.
+
+In: experiment folders (:mod:`roofcal.measurements.workload`), a coefficient file whose kernel
+corrections stay fixed, and a BLIS binary (:mod:`roofcal.blis.run`).
+Out: a :class:`~roofcal.model.coeffs.Stack` with its provenance and the BLIS errors of every
+iterate.
+
+The serving stack's parameters θ (physical units, all ≥ 0) are:
+
+==================  ==========================================================================
+``step_us``         CPU per step: scheduling, input preparation, sampling, output processing
+``decode_seq_us``   CPU per decoding sequence in the step
+``prefill_seq_us``  CPU per prefilling sequence in the step
+``layer_us``        GPU launch gaps per layer
+``overlap``         soft-max sharpness of CPU and GPU work (1 = serial, large = fully hidden)
+``queueing_us``     α0: API ingestion before a request is queued (per request)
+``post_decode_us``  α1: once per finished request
+``output_token_us`` α2: output processing per generated token (metrics only, not the clock)
+==================  ==========================================================================
+
+Loop (Gauss–Newton with the simulator refreshing the model's blind spots):
+
+1. Levenberg–Marquardt on log(predicted / measured) of every run's mean E2E, TTFT and ITL, the
+   prediction being the steady state of :mod:`roofcal.model.serving` over roofcal's own step
+   times (JAX, so the Jacobian is exact), times a per-run, per-metric correction ``exp(δ)``
+   (0 at first), plus a weak Gaussian prior on log θ around plausible values (vidur's measured
+   CPU overheads of vLLM, see ``PRIOR``).
+2. Distil the native model with that stack into BLIS's betas for the runs' deployments
+   (:func:`roofcal.blis.distill.fit_form`), alphas from the stack; run BLIS on every run.
+3. δ ← log(BLIS / steady state) at the current θ, capped at ×/÷ 1.5: what queueing bursts,
+   chunking and BLIS's basis do that the steady state does not (a run on a queueing cliff would
+   otherwise dominate); back to 1, with a trust region around the θ where δ was measured. The
+   iterate BLIS scores best is kept.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roofcal.errors import RoofcalError
+from roofcal.model import coeffs as coeff_io
+from roofcal.model import correction as K
+from roofcal.model.coeffs import ALPHAS, Coefficients, Stack
+from roofcal.model.combine import step_breakdown
+from roofcal.model.serving import Load, run_means, steady_state, step_grid
+
+#: the serving stack's parameters, in θ order (see the module docstring)
+THETA = ("step_us", "decode_seq_us", "prefill_seq_us", "layer_us", "overlap",
+         "queueing_us", "post_decode_us", "output_token_us")
+#: prior centre (physical units; ``overlap`` is the sharpness q) and width (natural-log units).
+#: CPU per step and per sequence from vidur's profile of vLLM on A100 (schedule + prepare inputs
+#: + sampler + process outputs ≈ 1.8 ms at batch 8, +≈ 35 µs per added sequence; microsoft/vidur,
+#: MIT, ../shared/data/steps/vidur-cpu-overheads); launch gaps of a few µs per kernel; BLIS's
+#: bundled alphas set the order of magnitude of the request-level terms.
+PRIOR = {"step_us": (1500.0, 1.5), "decode_seq_us": (30.0, 1.5), "prefill_seq_us": (300.0, 1.5),
+         "layer_us": (10.0, 1.5), "overlap": (2.0, 1.5), "queueing_us": (3000.0, 1.5),
+         "post_decode_us": (300.0, 1.5), "output_token_us": (30.0, 1.5)}
+METRICS = ("e2e", "ttft", "itl")
+#: largest factor between BLIS and the steady state that the loop carries as a correction
+DELTA_CAP = 1.5
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    """Settings of a workload calibration; all recorded in the stack's provenance."""
+
+    refreshes: int = 4            # BLIS runs of every experiment (the loop's outer iterations)
+    lm_iters: int = 40            # Levenberg–Marquardt iterations per refresh
+    prior_weight: float = 0.05    # pseudo-runs holding each log θ at its prior centre
+    samples: int = 800            # distillation steps per deployment
+    seed: int = 0
+    trust: float = 1.0            # pseudo-runs holding θ near the last BLIS refresh (after the first)
+
+    def record(self) -> dict:
+        return {"refreshes": self.refreshes, "lm_iters": self.lm_iters, "trust": self.trust,
+                "prior_weight": self.prior_weight, "distill_samples": self.samples, "seed": self.seed,
+                "loss": "mean squared log-ratio of mean E2E, TTFT, ITL per run + Gaussian prior on log θ"}
+
+
+# --------------------------------------------------------------------------------------------
+# θ ↔ stack
+
+def theta_to_physical(theta) -> dict:
+    """Raw θ (log values; softplus for ``overlap``) → {name: physical value}."""
+    out = {}
+    for i, n in enumerate(THETA):
+        out[n] = 1.0 + jax.nn.softplus(theta[i]) if n == "overlap" else jnp.exp(theta[i])
+    return out
+
+
+def physical_to_theta(values: dict) -> np.ndarray:
+    return np.array([K.softplus_inv(max(values[n] - 1.0, 1e-6)) if n == "overlap"
+                     else math.log(max(values[n], 1e-9)) for n in THETA], np.float64)
+
+
+def step_params(theta) -> dict:
+    """The raw step pytree of a stack with parameters θ (other overheads 0, kernel scales 1)."""
+    v = theta_to_physical(theta)
+    base = K.neutral_step_params()
+    o = list(base["overheads"])
+    for name in ("step_us", "decode_seq_us", "prefill_seq_us", "layer_us"):
+        o[K.STEP_OVERHEADS.index(name)] = jnp.log(v[name])
+    return {**base, "overheads": jnp.stack(o).astype(jnp.float32),
+            "overlap": jnp.asarray(theta[THETA.index("overlap")], jnp.float32)}
+
+
+def alphas_of(theta) -> jnp.ndarray:
+    v = theta_to_physical(theta)
+    return jnp.stack([v[n] for n in ALPHAS])
+
+
+def stack_of(theta, source: dict) -> Stack:
+    v = {k: float(x) for k, x in theta_to_physical(jnp.asarray(theta, jnp.float32)).items()}
+    return Stack(jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), step_params(jnp.asarray(theta, jnp.float32))),
+                 {n: v[n] for n in ALPHAS}, source)
+
+
+# --------------------------------------------------------------------------------------------
+# the differentiable prediction of a run
+
+@dataclass(frozen=True, eq=False)
+class Case:
+    """One experiment as the steady-state model sees it: deployment, stage loads, their step
+    grids, and the measured means (µs, order of ``METRICS``)."""
+
+    name: str
+    model: object              # ModelSpec
+    tp: int
+    loads: tuple
+    grids: tuple               # StepBatch per load
+    measured_us: np.ndarray    # (3,)
+
+
+def loads_of(exp) -> tuple[Load, ...]:
+    """The stages of an experiment as the server saw them: inference-perf's shared-prefix
+    generator sends a fixed pool of prompts (system prompt + question per simulated user), so
+    after its first use a prompt's whole 16-token KV blocks of system + question hit vLLM's prefix
+    cache; the prompt itself is as long as measured (template tokens included)."""
+    p = exp.prefix
+    pool = p.system_prompt_len + p.question_len
+    measured = getattr(exp.truth["summary"], "prompt_len", None)
+    prompt = max(pool, int(round(measured))) if measured else pool
+    cached = (pool // 16) * 16
+    return tuple(Load(s.rate, s.duration, prompt, cached, p.output_len, exp.max_num_seqs) for s in exp.stages)
+
+
+def case_of(exp, model_spec) -> Case:
+    m = exp.truth["summary"]
+    loads = loads_of(exp)
+    return Case(exp.name, model_spec, int(exp.tp), loads, tuple(step_grid(ld) for ld in loads),
+                np.array([m.e2e_ms, m.ttft_ms, m.itl_ms], np.float64) * 1000.0)
+
+
+def predict_case(theta, ops: dict, gpu, case: Case) -> jnp.ndarray:
+    """Steady-state (E2E, TTFT, ITL) means of a run, µs, shape (3,)."""
+    params = {"ops": ops, "step": step_params(theta)}
+    alphas = alphas_of(theta)
+    stages = []
+    for ld, grid in zip(case.loads, case.grids):
+        t = step_breakdown(params, case.model, gpu, case.tp, grid)["total"]
+        n = ld.max_seqs + 1
+        stages.append(steady_state(t[:n], t[n:], ld, alphas))
+    m = run_means(stages, list(case.loads))
+    return jnp.stack([m["e2e_us"], m["ttft_us"], m["itl_us"]])
+
+
+def _residual_fn(ops, gpu, cases, delta, settings, anchor=None):
+    """Residuals (and their Jacobian) of the fit: per run log(model · e^δ / measured) of E2E,
+    TTFT, ITL; the prior; and, after a BLIS refresh, a trust region of ``settings.trust`` pseudo-runs
+    around ``anchor`` (the θ where δ was measured: δ is only valid near it)."""
+    centre = physical_to_theta({n: PRIOR[n][0] for n in THETA})
+    sd = np.array([PRIOR[n][1] for n in THETA])
+    w = math.sqrt(settings.prior_weight)
+    wt = math.sqrt(settings.trust) if anchor is not None else 0.0
+    anchor = jnp.asarray(anchor if anchor is not None else centre, jnp.float32)
+
+    def residuals(theta):
+        r = [jnp.log(predict_case(theta, ops, gpu, c)) + d - jnp.log(c.measured_us)
+             for c, d in zip(cases, delta)]
+        return jnp.concatenate(r + [w * (theta - centre) / sd, wt * (theta - anchor) / sd])
+    return jax.jit(residuals), jax.jit(jax.jacfwd(residuals))
+
+
+def levenberg_marquardt(res, jac, theta0: np.ndarray, iters: int) -> np.ndarray:
+    """Minimise ½‖res(θ)‖² from θ0 by Levenberg–Marquardt (adaptive damping, steps accepted
+    only when the loss falls)."""
+    theta = np.asarray(theta0, np.float64)
+    r = np.asarray(res(jnp.asarray(theta, jnp.float32)), np.float64)
+    lam = 1e-2
+    for _ in range(iters):
+        J = np.asarray(jac(jnp.asarray(theta, jnp.float32)), np.float64)
+        g, H = J.T @ r, J.T @ J
+        while True:
+            step = np.linalg.solve(H + lam * (np.diag(np.diag(H)) + 1e-9 * np.eye(len(theta))), -g)
+            cand = theta + np.clip(step, -2.0, 2.0)
+            rc = np.asarray(res(jnp.asarray(cand, jnp.float32)), np.float64)
+            if np.all(np.isfinite(rc)) and rc @ rc < r @ r:
+                theta, r, lam = cand, rc, max(lam / 3.0, 1e-7)
+                break
+            lam *= 4.0
+            if lam > 1e8:
+                return theta
+        if np.linalg.norm(step) < 1e-5:
+            break
+    return theta
+
+
+# --------------------------------------------------------------------------------------------
+# the loop with BLIS
+
+@dataclass
+class Iterate:
+    """One refresh: θ (physical), the exported coefficients, BLIS's and the steady state's means."""
+
+    theta: dict
+    alpha: tuple
+    beta: tuple
+    blis_ms: np.ndarray          # (runs, 3)
+    model_ms: np.ndarray         # (runs, 3)
+    loss: float                  # mean squared log-ratio of BLIS vs measured
+    mape: dict
+    results: tuple = ()          # the BLIS replays (SimResult per fitted run)
+
+
+@dataclass
+class WorkloadCalibration:
+    stack: Stack
+    best: Iterate
+    history: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def workload_steps(coeffs: Coefficients, exps, model_dirs: dict) -> list:
+    """The steps of the experiments' steady states (:func:`roofcal.model.serving.step_grid`, empty
+    step dropped) with the native model's times as targets: the batch mix the export must get
+    right, as :class:`~roofcal.measurements.stepdata.StepData` per experiment."""
+    from roofcal.measurements.stepdata import StepData
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(coeffs.gpu)
+    out = []
+    for e in exps:
+        spec = load_model(model_dirs[e.name] / "config.json")
+        for i, ld in enumerate(sorted(set(loads_of(e)), key=lambda x: x.rate)[:1]):   # same grid each stage
+            grid = step_grid(ld)
+            keep = np.arange(1, grid.num_steps)
+            grid = grid.take(keep)
+            pred = np.asarray(step_breakdown(coeffs.params, spec, gpu, int(e.tp), grid)["total"], np.float64)
+            n = len(pred)
+            phase = np.where(np.asarray(grid.prefill_mask).sum(1) > 0, "mixed", "decode")
+            out.append(StepData(spec, gpu.name, int(e.tp), grid, pred, phase,
+                                np.array([f"{e.name}#{k}" for k in range(n)]), f"{e.name} (steady-state steps)"))
+    return out
+
+
+def distil(coeffs: Coefficients, exps, model_dirs: dict, blis_settings, samples: int, seed: int,
+           ) -> tuple[tuple, tuple]:
+    """(alpha, beta) BLIS coefficients of ``coeffs`` (with its current stack): betas distilled
+    for the experiments' deployments — half the weight on steps sampled over the servers' limits
+    (:mod:`roofcal.blis.sampling`), half on the experiments' own steady-state steps
+    (:func:`workload_steps`) — alphas from the stack."""
+    from roofcal.blis.defaults_yaml import read_defaults_coefficients
+    from roofcal.blis.fit import BlisFitSettings, Deployment, build_rows, fit_blis, resolve_deployment
+    from roofcal.blis.hardware_json import hardware_for_gpu
+    from roofcal.blis.sampling import SamplerSettings
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(coeffs.gpu)
+    deps = sorted({Deployment(str(model_dirs[e.name] / "config.json"), int(e.tp)) for e in exps},
+                  key=lambda d: (d.model, d.tp))
+    sampler = SamplerSettings(token_budgets=tuple(sorted({e.max_num_batched_tokens for e in exps})),
+                              max_num_seqs=max(e.max_num_seqs for e in exps),
+                              max_context=max(e.max_model_len for e in exps))
+    settings = BlisFitSettings(seed=seed, samples=samples, sampler=sampler)
+    _, hw = hardware_for_gpu(blis_settings.hardware_config, gpu, None)
+    _, input_beta = read_defaults_coefficients(blis_settings.defaults)
+    resolved = [resolve_deployment(d, hw) for d in deps]
+    rows = build_rows(coeffs.params, gpu, resolved, settings, workload_steps(coeffs, exps, model_dirs), hw)
+    fit = fit_blis([rows[k] for k in ("distill", "measured") if k in rows], input_beta, settings)
+    st = coeffs.stacks[coeffs.stack]
+    return tuple(float(st.alphas_us[n]) for n in ALPHAS), tuple(float(b) for b in fit.beta)
+
+
+def _blis_means(results) -> np.ndarray:
+    return np.array([[r.scopes["summary"].e2e_ms, r.scopes["summary"].ttft_ms, r.scopes["summary"].itl_ms]
+                     for r in results], np.float64)
+
+
+def _mape(pred_ms: np.ndarray, meas_ms: np.ndarray) -> dict:
+    e = np.abs(pred_ms / meas_ms - 1.0) * 100.0
+    return {m: float(np.mean(e[:, i])) for i, m in enumerate(METRICS)}
+
+
+def export_for(coeffs: Coefficients, exps, blis_settings, samples: int = 800, seed: int = 0) -> tuple[tuple, tuple]:
+    """(alpha, beta) for BLIS from ``coeffs`` (its current stack), distilled for the deployments of
+    ``exps`` (:func:`distil`)."""
+    from roofcal.blis.run import model_config_folder
+    dirs = {e.name: model_config_folder(e, blis_settings.model_configs) for e in exps}
+    if coeffs.stack is None:
+        raise RoofcalError(f"{coeffs.source}: no serving stack to export")
+    return distil(coeffs, exps, dirs, blis_settings, samples, seed)
+
+
+def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
+              name: str = "vllm", progress: bool = True, log=print, deploy=None) -> WorkloadCalibration:
+    """Fit a serving stack named ``name`` to the non-overload experiments ``exps`` with BLIS in the
+    loop (module docstring); ``coeffs``' kernel corrections stay as they are. Betas are distilled
+    for the deployments of ``deploy`` (default ``exps``; e.g. with held-out models added)."""
+    from roofcal.blis.run import model_config_folder, run_experiments
+    from roofcal.io import file_record
+    from roofcal.physics.config import check_tp, load_model
+    from roofcal.physics.hardware import load_gpu
+    t0 = time.time()
+    exps = [e for e in exps if not e.overload]
+    if not exps:
+        raise RoofcalError("workload calibrate: no experiment below the overload failure rate (10 %) to fit")
+    deploy = list(deploy) if deploy is not None else exps
+    gpu = load_gpu(coeffs.gpu)
+    dirs = {e.name: model_config_folder(e, blis_settings.model_configs) for e in [*exps, *deploy]}
+    cases = []
+    for e in exps:
+        spec = load_model(dirs[e.name] / "config.json")
+        check_tp(spec, int(e.tp), where=f"{e.path}: tensor_parallelism")
+        if any(ld.prompt - ld.cached + ld.max_seqs > e.max_num_batched_tokens for ld in loads_of(e)):
+            raise RoofcalError(f"{e.path}: prompts do not fit one step's token budget; the steady-state "
+                               "model assumes they do")
+        cases.append(case_of(e, spec))
+    meas_ms = np.stack([c.measured_us for c in cases]) / 1000.0
+    ops = coeffs.params["ops"]
+    theta = physical_to_theta({n: PRIOR[n][0] for n in THETA})
+    delta = [np.zeros(3) for _ in cases]
+    history, best = [], None
+    model_fn = jax.jit(lambda th: jnp.stack([predict_case(th, ops, gpu, c) for c in cases]))
+    for k in range(settings.refreshes):
+        res, jac = _residual_fn(ops, gpu, cases, [jnp.asarray(d, jnp.float32) for d in delta], settings,
+                                anchor=theta if k > 0 else None)
+        theta = levenberg_marquardt(res, jac, theta, settings.lm_iters)
+        model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32)), np.float64) / 1000.0
+        c = coeff_io.add_stack(coeffs, name, stack_of(theta, {}), default=True)
+        alpha, beta = distil(c, deploy, dirs, blis_settings, settings.samples, settings.seed)
+        results = run_experiments(exps, blis_settings, alpha, beta, progress=progress)
+        blis_ms = _blis_means(results)
+        loss = float(np.mean(np.log(blis_ms / meas_ms) ** 2))
+        it = Iterate({n: float(v) for n, v in theta_to_physical(jnp.asarray(theta)).items()},
+                     alpha, beta, blis_ms, model_ms, loss, _mape(blis_ms, meas_ms), tuple(results))
+        history.append(it)
+        if best is None or loss < best[0].loss:
+            best = (it, theta.copy())
+        if progress:
+            log(f"roofcal: refresh {k + 1}/{settings.refreshes}: BLIS MAPE E2E {it.mape['e2e']:.1f} % "
+                f"TTFT {it.mape['ttft']:.1f} % ITL {it.mape['itl']:.1f} %  "
+                f"(steady state {_mape(model_ms, meas_ms)['e2e']:.1f} / {_mape(model_ms, meas_ms)['ttft']:.1f} / "
+                f"{_mape(model_ms, meas_ms)['itl']:.1f} %)  [{time.time() - t0:.0f} s]")
+            for e, b, m in zip(exps, blis_ms, meas_ms):
+                err = 100.0 * (b / m - 1.0)
+                log(f"    {e.name}: E2E {err[0]:+.1f} %  TTFT {err[1]:+.1f} %  ITL {err[2]:+.1f} %")
+        # what BLIS adds to the steady state, capped at ×/÷ DELTA_CAP: beyond that a run sits on a
+        # queueing cliff (e.g. concurrency at max_num_seqs) the steady state cannot follow, and
+        # the uncapped ratio would drag every parameter towards that one run
+        delta = [np.clip(np.log(b / m), -math.log(DELTA_CAP), math.log(DELTA_CAP))
+                 for b, m in zip(blis_ms, model_ms)]
+    it, theta = best
+    source = {
+        "kind": "workload calibration: mean E2E, TTFT, ITL of serving runs, BLIS in the loop",
+        "experiments": [{"name": e.name, **file_record(e.path / "results" / "summary_lifecycle_metrics.json")}
+                        for e in exps],
+        "kernels_from": {"file": coeffs.source, "gpu": coeffs.gpu},
+        "blis": {**file_record(blis_settings.blis), "arrivals": blis_settings.arrivals,
+                 "prompts": blis_settings.prompts},
+        "settings": settings.record(),
+        "blis_mape_pct": {k: round(v, 2) for k, v in it.mape.items()},
+    }
+    return WorkloadCalibration(stack_of(theta, source), it, history, time.time() - t0)
+
+
+@dataclass
+class CalibrationReport:
+    """What :func:`calibrate_file` did: the calibration, the written file, a BLIS validation of
+    every run with the exported coefficients (held-out models included), and a text summary."""
+
+    calibration: WorkloadCalibration
+    coeffs: Coefficients
+    validation: object
+    text: str
+    seconds: float
+
+
+def _matches(exp, models: Sequence[str]) -> bool:
+    m = exp.model.lower()
+    return any(h.lower() in (m, m.rsplit("/", 1)[-1]) for h in models)
+
+
+def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
+                   out=None, name: str = "vllm", holdout: Sequence[str] | None = None,
+                   overload: bool = True) -> CalibrationReport:
+    """``roofcal workload calibrate``: fit stack ``name`` on ``exps`` (minus the ``holdout`` models),
+    add it to the coefficient file as its default stack and write it to ``out`` (atomically; not
+    written when None). The report compares every experiment's BLIS replay with the exported
+    coefficients (the fitted runs' from the chosen refresh; held-out runs, and overload runs
+    unless ``overload`` is False, replayed once more) with measurement."""
+    from roofcal.blis.run import run_experiments
+    from roofcal.blis.validate import Validation, mape, validation_table, validation_text
+    t0 = time.time()
+    coeffs = coeff_io.load(coeffs_path)
+    holdout = list(holdout or [])
+    unknown = [h for h in holdout if not any(_matches(e, [h]) for e in exps)]
+    if unknown:
+        raise RoofcalError(f"--holdout {unknown[0]}: no experiment of that model")
+    fit_exps = [e for e in exps if not _matches(e, holdout)]
+    cal = calibrate(fit_exps, coeffs, blis_settings, settings, name, deploy=[e for e in exps if not e.overload] or exps)
+    src = dict(cal.stack.source)
+    src["held_out_models"] = holdout
+    stack = Stack(cal.stack.params, cal.stack.alphas_us, src)
+    c = coeff_io.add_stack(coeffs, name, stack, default=True)
+    c = coeff_io.roundtrip(c)
+    fitted = {r.experiment: r for r in cal.best.results}
+    rest = [e for e in exps if e.name not in fitted and (overload or not e.overload)]
+    more = {r.experiment: r for r in run_experiments(rest, blis_settings, cal.best.alpha, cal.best.beta, progress=True)}
+    shown = [e for e in exps if e.name in fitted or e.name in more]
+    results = [fitted.get(e.name) or more[e.name] for e in shown]
+    table = validation_table(shown, results)
+    v = Validation(table=table, mape=mape(table), results=tuple(results), arrivals=blis_settings.replay,
+                   wall_s=sum(r.wall_s for r in results))
+    if out is not None:
+        coeff_io.save(c, out)
+    lines = [f"serving stack '{name}' (BLIS loss {cal.best.loss:.4f} on {sum(not e.overload for e in fit_exps)} runs"
+             + (f"; held out: {', '.join(holdout)}" if holdout else "") + "):"]
+    lines += [f"  {k} = {v_:.4g}" for k, v_ in cal.best.theta.items()]
+    lines += [f"  alpha = {list(cal.best.alpha)}", f"  beta = {list(cal.best.beta)}", "",
+              validation_text(v)]
+    return CalibrationReport(cal, c, v, "\n".join(lines), time.time() - t0)
+
+
+def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
+                        name: str = "vllm"):
+    """Leave-one-model-out: for each model, calibrate on the others' runs and replay the held-out
+    model's runs in BLIS with the exported coefficients (distilled for it by the native model).
+    Returns (table of the held-out runs' summary rows, MAPE over the non-overload ones, reports)."""
+    import pandas as pd
+    from roofcal.blis.validate import mape
+    models = sorted({e.model for e in exps})
+    if len(models) < 2:
+        raise RoofcalError("leave-one-model-out needs runs of at least two models")
+    rows, reports = [], []
+    for m in models:
+        rep = calibrate_file(coeffs_path, exps, blis_settings, settings, None, name, holdout=[m], overload=False)
+        t = rep.validation.table
+        rows.append(t[(t["model"] == m.lower()) & (t["scope"] == "summary")])
+        reports.append(rep)
+    table = pd.concat(rows, ignore_index=True)
+    return table, mape(table), reports
