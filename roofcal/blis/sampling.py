@@ -36,7 +36,6 @@ import numpy as np
 
 from roofcal.blis.basis import BlisBatch
 from roofcal.physics.config import ModelSpec
-from roofcal.physics.decompose import attention_dims, weight_bytes_per_gpu
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec
 from roofcal.physics.steps import Step, StepBatch
@@ -96,17 +95,12 @@ def deployment_seed(seed: int, model: str, tp: int, stream: int = 0) -> np.rando
 
 
 def kv_capacity_tokens(model: ModelSpec, gpu: GPUSpec, tp: int, utilization: float = 0.9) -> int:
-    """Tokens the KV cache holds: (utilization × GPU memory − weights per GPU) / KV bytes per token
-    per GPU. Refuses a deployment whose weights do not fit (vLLM would not start)."""
-    memory = utilization * gpu.hbm_capacity_gib * 2**30
-    weights = weight_bytes_per_gpu(model, tp)
-    kv_per_token = model.num_layers * attention_dims(model, tp)["kv_elems"] * model.kv_bytes
-    if weights >= memory:
-        raise RoofcalError(
-            f"{model.name} at TP {tp} does not fit on {gpu.name}: weights take "
-            f"{weights / 2**30:.1f} GiB per GPU of {memory / 2**30:.1f} GiB usable; raise --tp"
-        )
-    return int((memory - weights) // kv_per_token)
+    """Tokens the KV cache holds per GPU, as vLLM sizes it: :func:`roofcal.physics.capacity.capacity`
+    (KV blocks × block size 16, after weights, activation peak and non-torch memory at ``utilization``
+    of the GPU's memory; KV dtype the model's). Refuses a deployment that does not fit (vLLM would not
+    start)."""
+    from roofcal.physics.capacity import capacity
+    return capacity(model, gpu, tp, gpu_memory_utilization=utilization).kv_tokens
 
 
 def _loguniform_int(rng: np.random.Generator, low: float, high: float, size) -> np.ndarray:

@@ -1,0 +1,53 @@
+"""``roofcal capacity``: the KV-cache capacity vLLM would allocate for a model, GPU and TP degree.
+
+A thin wrapper over :func:`roofcal.physics.capacity.capacity`: prints weights per GPU, KV bytes
+per token per GPU, KV blocks and tokens, and how many sequences of ``--context`` tokens fit at once,
+followed by the assumptions made.
+"""
+
+from __future__ import annotations
+
+
+def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
+                  block_size: int = 16, context: int = 4096, weight_dtype: str | None = None,
+                  max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> str:
+    """The ``roofcal capacity`` report (a one-row table and the notes)."""
+    from roofcal.physics.capacity import GIB, capacity, max_batch
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.tables import table
+    spec, g = load_model(model), load_gpu(gpu)
+    cap = capacity(spec, g, tp, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
+                   block_size=block_size, weight_dtype=weight_dtype,
+                   max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    row = {"model": spec.name, "GPU": g.name, "TP": tp,
+           "weights GiB/GPU": cap.weights_bytes_per_gpu / GIB,
+           "KV bytes/token/GPU": cap.kv_bytes_per_token_per_gpu,
+           "KV GiB/GPU": cap.kv_blocks * cap.block_size * cap.kv_bytes_per_token_per_gpu / GIB,
+           f"KV blocks ({cap.block_size} tok)": cap.kv_blocks, "KV tokens": cap.kv_tokens,
+           f"max seqs @ {context}": max_batch(cap, context)}
+    lines = [table([row], list(row)), "", "assumed:"]
+    lines += [f"  - {n}" for n in cap.notes]
+    return "\n".join(lines)
+
+
+def cmd_capacity(a) -> None:
+    print(capacity_text(a.model, a.gpu, a.tp, a.kv_dtype, a.gpu_memory_utilization, a.block_size, a.context,
+                        a.weight_dtype, a.max_num_batched_tokens, a.max_num_seqs))
+
+
+def register(sub) -> None:
+    """Add ``capacity`` to the ``roofcal`` subcommands."""
+    s = sub.add_parser("capacity", help="KV-cache blocks, tokens and batch vLLM would allocate")
+    s.add_argument("--model", required=True, help="bundled model name or config.json")
+    s.add_argument("--gpu", required=True, help="bundled GPU name or datasheet .yaml")
+    s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    s.add_argument("--kv-dtype", default="auto", help="KV-cache dtype: auto (the model's) or fp8")
+    s.add_argument("--weight-dtype", default=None, help="weight dtype of the linear layers (default: the model's)")
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's share of GPU memory")
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    s.add_argument("--context", type=int, default=4096, help="tokens per sequence for the max-sequences column")
+    s.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="tokens of vLLM's profiling run (sizes the activation reservation)")
+    s.add_argument("--max-num-seqs", type=int, default=256, help="sequences of vLLM's sampler profiling run")
+    s.set_defaults(func=cmd_capacity)
