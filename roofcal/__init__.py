@@ -7,13 +7,16 @@ says what comes in, what goes out and which module to open first:
 =================  =============================================================================
 ``physics``        ``config.json`` → :class:`ModelSpec`; datasheets → :class:`GPUSpec`; steps;
                    the analytical work (FLOPs, bytes) of each kernel call (``decompose``)
-``measurements``   readers of what was timed: per-op tables, step files, datasets with provenance
-``model``          correction layer (``correction``), step combine (``combine``), ``predict``,
-                   coefficient files (``coeffs``)
-``calibration``    relative-error loss and priors, optax optimisers, the two-stage ``fit``
+``measurements``   readers of what was timed: per-op tables, step files, serving runs (``workload``)
+``model``          correction layer (``correction``), step combine with the serving stack
+                   (``combine``), ``predict``, loaded-server means (``serving``), coefficient
+                   files with named serving stacks (``coeffs``)
+``calibration``    relative-error loss and priors, optax optimisers, the two-stage ``fit``,
+                   serving-stack calibration against serving runs through BLIS (``workload``)
 ``inspection``     residual tables, gradient attribution, plots, ``roofcal residuals`` (``report``)
 ``transfer``       zero-shot transfer to a new GPU (``bootstrap``); datasheet what-if
-``blis``           BLIS's exact trained-physics basis, BLIS-form fits, export into BLIS's files
+``blis``           BLIS's exact trained-physics basis, BLIS-form fits, export into BLIS's files,
+                   replay of serving runs in the BLIS binary (``run``, ``validate``)
 ``bench``          ``roofcal bench``: held-out accuracy, speed, GPU transfer
 ``cli``            the command line: a module per command group, thin wrappers over the above
 =================  =============================================================================

@@ -2,5 +2,6 @@
 
 In: per-op tables and step data (:mod:`roofcal.measurements`), the model (:mod:`roofcal.model`).
 Out: a fitted :class:`~roofcal.model.coeffs.Coefficients` with held-out metrics (:func:`.fit.fit`).
-Open first: ``fit.py``; its loss is ``loss.py``, its optimisers ``optim.py``.
+Open first: ``fit.py``; its loss is ``loss.py``, its optimisers ``optim.py``; ``workload.py`` fits
+a serving stack to measured serving runs with BLIS in the loop.
 """
