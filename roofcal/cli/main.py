@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
 #: one module per command group, in the order ``roofcal -h`` lists them; each defines
 #: ``register(subparsers)``
 COMMAND_MODULES = ("roofcal.cli.predict", "roofcal.cli.fit", "roofcal.cli.bench", "roofcal.cli.blis",
-                   "roofcal.cli.residuals", "roofcal.cli.gpu", "roofcal.cli.workload", "roofcal.cli.capacity")
+                   "roofcal.cli.residuals", "roofcal.cli.gpu", "roofcal.cli.workload", "roofcal.cli.capacity",
+                   "roofcal.cli.traces")
 
 
 def _register_plugins(sub) -> None:
