@@ -27,7 +27,7 @@ def test_theta_maps_to_physical_values_and_back():
     assert st.alphas_us == pytest.approx({"queueing_us": 4000.0, "post_decode_us": 600.0, "output_token_us": 25.0}, rel=1e-5)
     # the step pytree holds the CPU/GPU overheads where combine expects them; the rest stay off
     from roofcal.model import correction as K
-    o = np.exp(np.asarray(st.params["step"]["overheads"] if "step" in st.params else st.params["overheads"]))
+    o = np.exp(np.asarray(st.params["overheads"]))
     assert o[K.STEP_OVERHEADS.index("step_us")] == pytest.approx(1800.0, rel=1e-5)
     assert o[K.STEP_OVERHEADS.index("token_us")] < 1e-6
 
@@ -75,7 +75,7 @@ def test_bad_requests_are_one_line_errors(tmp_path):
 @pytest.mark.skipif(not (SHARED / "tools" / "blis").is_file() or not RUNS.is_dir(),
                     reason="BLIS binary or experiments not found (../shared beside the project)")
 def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
-    # a short real run (Llama-2-7B server, 2 req/s for 20 s) with BLIS in the loop: the fitted
+    # a short real run (Llama-2-7B server, 5 req/s for 20 s) with BLIS in the loop: the fitted
     # stack lands in the file as its default, with its source, and replaying the written file
     # gives what the calibration reported
     import json
@@ -88,7 +88,7 @@ def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
     exp_dir = tmp_path / "short-7b"
     shutil.copytree(src, exp_dir)
     prof = json.loads((exp_dir / "profile.yaml").read_text())
-    prof["load"]["stages"] = [{"rate": 2, "duration": 20}]
+    prof["load"]["stages"] = [{"rate": 5, "duration": 20}]          # ≥ 1 round per simulated user
     (exp_dir / "profile.yaml").write_text(json.dumps(prof))
     shutil.copyfile(exp_dir / "results" / "stage_0_lifecycle_metrics.json",
                     exp_dir / "results" / "summary_lifecycle_metrics.json")
