@@ -1,5 +1,6 @@
 """``roofcal predict``: step times with a breakdown (:func:`roofcal.model.predict.predict`), or
-every row of a per-op table (:func:`roofcal.model.predict.predict_ops`)."""
+every row of a per-op table (:func:`roofcal.model.predict.predict_ops`); then one line saying
+how many rows are out of the fitted domain (:func:`roofcal.model.domain.summary`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from roofcal.errors import RoofcalError
 
 def cmd_predict(a) -> None:
     from roofcal.io import write_csv_atomic
+    from roofcal.model.domain import summary
     if a.ops:
         from roofcal.model.predict import predict_ops
         df = predict_ops(a.ops, coeffs=a.coeffs)
@@ -18,6 +20,7 @@ def cmd_predict(a) -> None:
         df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack)
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
+    print(summary(df, "rows" if a.ops else "steps"))
 
 
 def register(sub) -> None:

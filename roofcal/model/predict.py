@@ -15,6 +15,7 @@ from roofcal.errors import RoofcalError
 from roofcal.measurements.ops import read_ops
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
+from roofcal.model import domain
 from roofcal.model.combine import NON_COMPONENT, op_peak_and_bandwidth, step_breakdown
 from roofcal.physics import components as C
 from roofcal.physics.config import check_tp, load_model
@@ -82,7 +83,9 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``measured_us`` (when
     given), ``predicted_us``, one ``<component>_us`` column per kernel, ``overhead_us`` and
     ``overlap_us`` (CPU time hidden behind the GPU's, ≤ 0), then ``flops`` and ``bytes`` (one
-    GPU, whole step).
+    GPU, whole step), then the out-of-domain flags :data:`roofcal.model.domain.STEP_FLAGS`
+    (``ood_shape`` in log2 units, ``ood_what``, ``ood_context``, ``fits_memory``, ``zero_shot``,
+    ``no_kernel_data``; see :mod:`roofcal.model.domain`).
     """
     def one(c, spec, gspec, t, batch, recs):
         out = {k: np.asarray(v, np.float64) for k, v in
@@ -94,6 +97,8 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
         for name in sorted(k for k in out if k not in NON_COMPONENT):
             df[f"{name}_us"] = out[name]
         df["flops"], df["bytes"] = out["flops"], out["bytes"]
+        for name, v in domain.step_flags(c, spec, gspec, t, batch).items():
+            df[name] = v
         return df
 
     df = per_deployment(steps, model, gpu, tp, coeffs, one, stack)
@@ -101,7 +106,7 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     df[comp] = df[comp].fillna(0.0)
     front = [c for c in ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "predicted_us")
              if c in df.columns]
-    return df[front + sorted(comp) + ["flops", "bytes"]].reset_index(drop=True)
+    return df[front + sorted(comp) + ["flops", "bytes", *domain.STEP_FLAGS]].reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,11 +140,15 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     return tc[:n], tm[:n], z[:n]
 
 
-def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec) -> pd.DataFrame:
-    """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs."""
+def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False) -> pd.DataFrame:
+    """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
+    and with ``flags`` the shape flags ``ood_shape`` (log2 units), ``ood_what`` and
+    ``no_kernel_data`` of :mod:`roofcal.model.domain` after them."""
     out = df.copy()
     for col in ("ideal_compute_us", "ideal_memory_us", "predicted_us"):
         out[col] = np.nan
+    flag = {"ood_shape": np.zeros(len(df)), "ood_what": np.full(len(df), "", object),
+            "no_kernel_data": np.zeros(len(df), bool)}
     for g, op, dt, idx in groups(df):
         if g != gpu.name:
             raise RoofcalError(f"{df['source'].iloc[idx[0]]}: rows are for GPU '{g}' but the "
@@ -150,20 +159,31 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec) -> pd.DataFrame:
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
+        if flags:
+            for name, v in domain.op_shape_flags(params["ops"], op, dt, z).items():
+                flag[name][idx] = v
     if "latency_us" in out.columns:
         out["rel_error"] = out["predicted_us"] / out["latency_us"] - 1.0
+    if flags:
+        for name, v in flag.items():
+            out[name] = v
     return out
 
 
 def predict_ops(path, coeffs=None) -> pd.DataFrame:
     """``roofcal predict --ops``: predict every row of a per-op CSV/table with a coefficient file.
 
-    Without ``coeffs`` the neutral roofline defaults of each row's GPU are used.
+    Without ``coeffs`` the neutral roofline defaults of each row's GPU are used. After the
+    predicted columns come the flags :data:`roofcal.model.domain.OP_FLAGS` (``ood_shape``,
+    ``ood_what``, ``zero_shot``, ``no_kernel_data``).
     """
     df = read_ops(path)
     frames = []
     for g, part in df.groupby("gpu", sort=True):
         spec = load_gpu(g)
         c = resolve_coeffs(coeffs, spec)
-        frames.append(predict_table(part, c.params, spec))
-    return pd.concat(frames).sort_index()
+        frames.append(predict_table(part, c.params, spec, flags=True)
+                      .assign(zero_shot=domain.zero_shot(c, steps=False)))
+    out = pd.concat(frames).sort_index()
+    rest = [col for col in out.columns if col not in domain.OP_FLAGS]
+    return out[rest + list(domain.OP_FLAGS)]

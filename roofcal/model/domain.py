@@ -1,0 +1,224 @@
+"""Out-of-domain flags: where a prediction leaves what the coefficients were fitted on.
+
+Every predicted row (a whole step, or one per-op row) carries these columns:
+
+==================  =============================================================================
+``ood_shape``       largest distance of any shape descriptor of the row's kernels outside the
+                    range fitted for that kernel, in log2(1 + x) units (0 inside). Outside the
+                    range the efficiency surface is clamped (held flat), so this is how far the
+                    prediction extrapolates. Kernels with no fitted parameters have no range and
+                    count 0 here (see ``no_kernel_data``).
+``ood_what``        which one: ``<component>.<descriptor>`` for steps (``attn_decode.context``,
+                    ``mlp_up.m``), ``<kind>.<descriptor>`` for per-op rows; empty inside
+``ood_context``     (steps) some sequence's context — cached + new tokens of a prefill chunk, or
+                    decode context + 1 — exceeds the model's ``max_position_embeddings``
+``fits_memory``     (steps) the step's KV tokens fit the KV cache vLLM would allocate at that TP
+                    (:func:`roofcal.physics.capacity.capacity` with vLLM's defaults and
+                    :func:`~roofcal.physics.capacity.fits`); False: vLLM could not run it as one
+                    step (also when the weights alone do not fit)
+``zero_shot``       the coefficients were not calibrated on this GPU: no file (neutral roofline),
+                    a bootstrap (``calibrated: false``), or a serving stack marked ``zero_shot`` or
+                    borrowed from another GPU's file
+``no_kernel_data``  some kernel's (kind, variant) has no parameters of its own in the file, so
+                    :func:`roofcal.model.correction.lookup` fell back to the kind's default variant
+                    or to the neutral roofline (e.g. FP8 GEMMs with an A100 file). Only kinds
+                    that per-op data can measure (:data:`MEASURED_KINDS`) count: elementwise
+                    kernels are never fitted per op (they run at the roofline, scaled by the
+                    serving stack), so they would flag every step
+==================  =============================================================================
+
+Distances below :data:`TOLERANCE` are 0: a file stores its ranges to 6 significant digits and
+the model reads them back as float32.
+
+Everything here is NumPy, vectorised over rows, and runs outside the jitted
+:func:`~roofcal.model.combine.step_breakdown`, so the prediction's hot path is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from roofcal.errors import RoofcalError
+from roofcal.model import correction as K
+from roofcal.physics import capacity as cap_
+from roofcal.physics.decompose import step_ops
+from roofcal.physics.kernels import SHAPE_COLUMNS
+from roofcal.physics.steps import StepBatch, step_totals
+
+#: flag columns of whole steps, in output order
+STEP_FLAGS = ("ood_shape", "ood_what", "ood_context", "fits_memory", "zero_shot", "no_kernel_data")
+#: flag columns of per-op rows (no model, so no context limit or memory)
+OP_FLAGS = ("ood_shape", "ood_what", "zero_shot", "no_kernel_data")
+#: config fields that give a model's context limit, first present wins
+CONTEXT_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+#: kernel kinds per-op measurements exist for (the others are never fitted per op)
+MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
+#: distances (log2 units) below this are rounding of the stored range, not extrapolation
+TOLERANCE = 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# shapes
+
+def log2_bounds(kind: str, p: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Fitted range of ``kind``'s descriptors as (low, high) arrays in log2(1 + x) units, from the
+    standardized bounds ``p["lo"]``, ``p["hi"]`` (z = (log2(1 + x) − center) / scale)."""
+    k = K.OP_KINDS[kind]
+    c, s = np.asarray(k.center, np.float64), np.asarray(k.scale, np.float64)
+    return (np.asarray(p["lo"], np.float64) * s + c, np.asarray(p["hi"], np.float64) * s + c)
+
+
+def excess(u, low, high) -> np.ndarray:
+    """Distance of log2(1 + x) values ``u`` (rows × descriptors) outside [low, high], ≥ 0
+    (0 below :data:`TOLERANCE`)."""
+    d = np.maximum(np.maximum(u - high, low - u), 0.0)
+    return np.where(d > TOLERANCE, d, 0.0)
+
+
+def worst(dist: np.ndarray, labels) -> tuple[np.ndarray, np.ndarray]:
+    """(largest distance per row, its label or "" when 0) of a (rows, columns) distance matrix."""
+    if dist.shape[1] == 0:
+        return np.zeros(dist.shape[0]), np.full(dist.shape[0], "", object)
+    j = np.argmax(dist, axis=1)
+    d = dist[np.arange(dist.shape[0]), j]
+    return d, np.where(d > 0, np.asarray(labels, object)[j], "")
+
+
+def op_shape_flags(ops: dict, kind: str, variant: str, z) -> dict:
+    """``ood_shape``, ``ood_what``, ``no_kernel_data`` of per-op rows of one (kind, variant) with
+    standardized shapes ``z`` (rows × descriptors), against the parameters ``lookup`` uses."""
+    z = np.asarray(z, np.float64)
+    n = z.shape[0]
+    key, p = K.lookup(ops, kind, variant)
+    k = K.OP_KINDS[kind]
+    if key in ops:
+        u = z * np.asarray(k.scale) + np.asarray(k.center)
+        d, what = worst(excess(u, *log2_bounds(kind, p)), [f"{kind}.{x}" for x in k.descriptors])
+    else:
+        d, what = np.zeros(n), np.full(n, "", object)
+    missing = kind in MEASURED_KINDS and K.op_key(kind, variant) not in ops
+    return {"ood_shape": d, "ood_what": what, "no_kernel_data": np.full(n, missing)}
+
+
+def step_shape_flags(ops: dict, calls: dict, rows: int) -> dict:
+    """``ood_shape``, ``ood_what``, ``no_kernel_data`` of steps from their kernel calls
+    (:func:`roofcal.physics.decompose.step_ops` on NumPy totals). Calls without work in a step
+    (no decode in a prefill step, …) are ignored for that step. Descriptors that are constants of
+    the model (head counts, GEMM widths) are checked once, and only descriptors outside their
+    range in some step become columns of the (rows × columns) distance matrix."""
+    cols, labels = [], []
+    missing = np.zeros(rows, bool)
+    for name, call in calls.items():
+        w = call.work
+        active = ((np.asarray(w.flops) + np.asarray(w.bytes)) > 0) & (call.count > 0)
+        key, p = K.lookup(ops, call.kind, call.variant)
+        missing |= active & (call.kind in MEASURED_KINDS and K.op_key(call.kind, call.variant) not in ops)
+        if key not in ops:
+            continue
+        low, high = log2_bounds(call.kind, p)
+        for j, x in enumerate(w.shape):
+            d = excess(np.log2(1.0 + np.asarray(x, np.float64)), low[j], high[j]) * active
+            if np.any(d):
+                cols.append(np.broadcast_to(d, (rows,)))
+                labels.append(f"{name}.{K.OP_KINDS[call.kind].descriptors[j]}")
+    d, what = worst(np.stack(cols, axis=1) if cols else np.zeros((rows, 0)), labels)
+    return {"ood_shape": d, "ood_what": what, "no_kernel_data": missing}
+
+
+# --------------------------------------------------------------------------------------------
+# context and memory
+
+def context_limit(model) -> int:
+    """The model's context limit in tokens (``max_position_embeddings`` or an alias in its
+    config file); 0 when the config gives none."""
+    for name in CONTEXT_LIMIT_FIELDS:
+        v = cap_._raw_int(model.config_path, name)
+        if v > 0:
+            return v
+    return 0
+
+
+def max_context(batch: StepBatch) -> np.ndarray:
+    """Longest sequence of each step in tokens: cached + new of a prefill chunk, context + 1 of a
+    decode (the position of the token computed); 0 for an empty step. Token counts are exact in
+    the batch's float32 up to 2^24 (16.7M), beyond every model's context limit."""
+    pf = np.max(np.asarray(batch.prefill_cached) + np.asarray(batch.prefill_new), axis=1,
+                where=np.asarray(batch.prefill_mask) > 0, initial=0.0)
+    dc = np.max(np.asarray(batch.decode_ctx), axis=1, where=np.asarray(batch.decode_mask) > 0,
+                initial=-1.0)
+    return np.maximum(pf.astype(np.float64), dc.astype(np.float64) + 1.0)
+
+
+def fits_memory(model, gpu, tp: int, totals) -> np.ndarray:
+    """Whether each step's KV tokens fit the KV cache of ``model`` on ``gpu`` at TP ``tp``
+    (vLLM's defaults; all False when vLLM could not even start: weights do not fit)."""
+    try:
+        c = cap_.capacity(model, gpu, tp)
+    except RoofcalError:
+        return np.zeros(np.shape(totals.decode_kv_tokens), bool)
+    return cap_.fits(c, totals)
+
+
+# --------------------------------------------------------------------------------------------
+# provenance
+
+def zero_shot(c, steps: bool = True) -> bool:
+    """Whether coefficients ``c`` (:class:`~roofcal.model.coeffs.Coefficients`) are zero-shot
+    for their GPU: not ``calibrated`` (neutral or bootstrap), or — for whole ``steps`` — a
+    serving stack marked ``zero_shot`` or borrowed from a file of another GPU."""
+    if not c.calibrated:
+        return True
+    if not steps or c.stack is None or c.stack not in c.stacks:
+        return False
+    src = c.stacks[c.stack].source or {}
+    lent = src.get("borrowed_from") or {}
+    return bool(src.get("zero_shot")) or (isinstance(lent, dict) and lent.get("gpu", c.gpu) != c.gpu)
+
+
+# --------------------------------------------------------------------------------------------
+# all flags
+
+def step_flags(c, model, gpu, tp: int, batch: StepBatch) -> dict:
+    """Every column of :data:`STEP_FLAGS` for the steps of one deployment, as arrays of shape
+    (S,); ``c`` the coefficients used (their ``params["ops"]`` and provenance)."""
+    t = step_totals(batch, np)     # float32 sums: exact up to 2^24 tokens per step
+    rows = batch.num_steps
+    out = step_shape_flags(c.params["ops"], step_ops(model, tp, t), rows)
+    limit = context_limit(model)
+    return {"ood_shape": out["ood_shape"], "ood_what": out["ood_what"],
+            "ood_context": max_context(batch) > limit if limit else np.zeros(rows, bool),
+            "fits_memory": fits_memory(model, gpu, tp, t),
+            "zero_shot": np.full(rows, zero_shot(c, steps=True)),
+            "no_kernel_data": out["no_kernel_data"]}
+
+
+def summary(df: pd.DataFrame, unit: str = "steps") -> str:
+    """One line saying how many rows are out of domain and why, e.g. ``3 of 10 steps out of
+    domain: 2 beyond the fitted shapes (attn_decode.context up to 6.3 log2), 1 beyond the context
+    limit; 1 does not fit in memory``. Columns missing from ``df`` are skipped."""
+    n = len(df)
+    col = lambda name, default: df[name].to_numpy() if name in df.columns else np.full(n, default)
+    shape, ctx = col("ood_shape", 0.0).astype(float) > 0, col("ood_context", False).astype(bool)
+    ood = shape | ctx
+    parts = []
+    if shape.any():
+        worst_by = df.loc[shape].groupby("ood_what")["ood_shape"].max().sort_values(ascending=False)
+        names = ", ".join(f"{w} up to {d:.1f} log2" for w, d in worst_by.head(3).items())
+        more = ", …" if len(worst_by) > 3 else ""
+        parts.append(f"{shape.sum()} beyond the fitted shapes ({names}{more})")
+    if ctx.any():
+        parts.append(f"{ctx.sum()} beyond the context limit")
+    line = (f"{ood.sum()} of {n} {unit} out of domain: " + ", ".join(parts)) if ood.any() \
+        else f"all {n} {unit} inside the fitted domain"
+    extra = []
+    nofit = ~col("fits_memory", True).astype(bool)
+    if nofit.any():
+        extra.append(f"{nofit.sum()} {'does' if nofit.sum() == 1 else 'do'} not fit in memory")
+    zs = col("zero_shot", False).astype(bool)
+    if zs.any():
+        extra.append(f"{zs.sum()} zero-shot (coefficients or serving stack not calibrated on this GPU)")
+    nk = col("no_kernel_data", False).astype(bool)
+    if nk.any():
+        extra.append(f"{nk.sum()} with kernels that have no fitted data")
+    return "; ".join([line] + extra)

@@ -1,0 +1,176 @@
+"""Out-of-domain flags on predicted steps and per-op rows (roofcal.model.domain), hand-checked."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from roofcal.model import coeffs as coeff_io
+from roofcal.model import domain
+from roofcal.model.predict import predict, predict_ops
+from roofcal.physics.capacity import capacity
+from roofcal.physics.config import load_model, resolve_config_path
+from roofcal.physics.hardware import load_gpu
+from roofcal.physics.steps import Step
+from roofcal.transfer.bootstrap import bootstrap
+
+H100, A100 = load_gpu("h100_sxm"), load_gpu("a100_sxm")
+H100_FILE, A100_FILE = "coeffs/h100_sxm.yaml", "coeffs/a100_sxm.yaml"
+
+
+def file_range(path, key, descriptor):
+    return yaml.safe_load(open(path))["ops"][key]["range"][descriptor]
+
+
+def test_decode_beyond_context_limit_and_fitted_context():
+    # llama-2-7b: max_position_embeddings 4096; H100 attn_decode/bf16 context range up to 131071
+    hi = file_range(H100_FILE, "attn_decode/bf16", "context")[1]
+    assert hi == 131071.0
+    df = predict([Step(decode=(10_000_000,))], model="llama-2-7b-hf", gpu="h100_sxm", tp=1,
+                 coeffs=H100_FILE)
+    r = df.iloc[0]
+    assert list(df.columns[-6:]) == list(domain.STEP_FLAGS)
+    assert bool(r.ood_context)
+    assert r.ood_what == "attn_decode.context"
+    # log2(1 + 10,000,000) − log2(1 + 131,071) = 23.253497 − 17 = 6.253497 log2 units
+    assert r.ood_shape == pytest.approx(math.log2(10_000_001) - math.log2(131_072), abs=1e-5)
+    assert r.ood_shape == pytest.approx(6.253497, abs=1e-5)
+    # 10M tokens × 512 KiB of KV: far beyond one H100
+    assert not r.fits_memory and not r.zero_shot and not r.no_kernel_data
+
+
+def test_context_limit_counts_the_new_token():
+    # decode at context 4095 computes position 4096 (= the limit); at 4096 it computes 4097
+    # prefill chunk 1024 new over 3072 cached reaches 4096 exactly
+    df = predict([Step(decode=(4095,)), Step(decode=(4096,)), Step(prefill=((1024, 3072),)),
+                  Step(prefill=((1025, 3072),))], model="llama-2-70b-hf", gpu="h100_sxm", tp=4)
+    assert df.ood_context.tolist() == [False, True, False, True]
+    assert domain.context_limit(load_model("llama-2-70b-hf")) == 4096
+
+
+def test_ordinary_step_is_not_flagged():
+    # Llama-2-70B TP 4 (16 heads, 2 KV heads per GPU): shapes inside every fitted range
+    steps = [Step(prefill=((512, 0),)), Step(decode=(512, 1024, 1024, 2000)),
+             Step(prefill=((256, 0),), decode=(100, 3000))]
+    df = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE)
+    assert (df.ood_shape == 0).all() and (df.ood_what == "").all()
+    assert not df.ood_context.any() and df.fits_memory.all()
+    assert not df.zero_shot.any() and not df.no_kernel_data.any()
+    assert domain.summary(df) == "all 3 steps inside the fitted domain"
+
+
+def test_fits_memory_as_capacity_says():
+    spec = load_model("llama-2-70b-hf")
+    cap = capacity(spec, H100, 2)
+    # 64 prompts of 512 tokens: 32,768 KV tokens
+    prompts = Step(prefill=((512, 0),) * 64)
+    # a huge decode batch: 2048 sequences at context 4000 → 2048 × 4001 = 8,194,048 KV tokens
+    huge = Step(decode=(4000,) * 2048)
+    assert 64 * 512 <= cap.kv_tokens < 2048 * 4001
+    df = predict([prompts, huge], model="llama-2-70b-hf", gpu="h100_sxm", tp=2)
+    assert df.fits_memory.tolist() == [True, False]
+    # at the edge: exactly as many KV tokens as the cache holds fits, one more does not
+    n = cap.kv_tokens
+    edge = [Step(prefill=((n, 0),)), Step(prefill=((n + 1, 0),))]
+    assert predict(edge, model="llama-2-70b-hf", gpu="h100_sxm", tp=2).fits_memory.tolist() == [True, False]
+    # TP 1: 129 GiB of weights do not fit an H100 at all (vLLM would not start)
+    df1 = predict([Step(decode=(10,))], model="llama-2-70b-hf", gpu="h100_sxm", tp=1)
+    assert df1.fits_memory.tolist() == [False]
+
+
+def test_zero_shot_bootstrap_borrowed_stack_and_neutral():
+    ref = coeff_io.load(H100_FILE, "h100_sxm")
+    boot = bootstrap(ref, H100, A100)
+    step = [Step(decode=(512, 1024))]
+    kw = dict(model="llama-2-70b-hf", gpu="a100_sxm", tp=4)
+    assert predict(step, coeffs=boot, **kw).zero_shot.tolist() == [True]
+    # no coefficient file: the neutral roofline
+    assert predict(step, **kw).zero_shot.tolist() == [True]
+    # the A100 file is calibrated, but its default stack is borrowed from the H100 file
+    assert predict(step, coeffs=A100_FILE, **kw).zero_shot.tolist() == [True]
+    assert predict(step, coeffs=A100_FILE, stack="none", **kw).zero_shot.tolist() == [False]
+    # a stack borrowed from a file of the same GPU is not zero-shot
+    h = dict(model="llama-2-70b-hf", gpu="h100_sxm", tp=4)
+    assert predict(step, coeffs=H100_FILE, stack=f"{H100_FILE}:splitwise", **h).zero_shot.tolist() == [False]
+    assert not domain.zero_shot(ref) and domain.zero_shot(boot)
+
+
+def fp8_model(tmp_path):
+    cfg = json.loads(resolve_config_path("llama-2-7b-hf").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8"}
+    d = tmp_path / "llama-2-7b-fp8"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert load_model(d).weight_dtype == "fp8"
+    return str(d)
+
+
+def test_fp8_gemm_on_a100_has_no_kernel_data(tmp_path):
+    m = fp8_model(tmp_path)
+    step = [Step(decode=(512, 1024))]
+    a = predict(step, model=m, gpu="a100_sxm", tp=1, coeffs=A100_FILE)
+    assert a.no_kernel_data.tolist() == [True]
+    # the H100 file has gemm/fp8; the bf16 model on A100 has every kernel it needs
+    assert predict(step, model=m, gpu="h100_sxm", tp=1, coeffs=H100_FILE).no_kernel_data.tolist() == [False]
+    assert predict(step, model="llama-2-7b-hf", gpu="a100_sxm", tp=1,
+                   coeffs=A100_FILE).no_kernel_data.tolist() == [False]
+
+
+def test_per_op_rows(tmp_path):
+    p = tmp_path / "ops.csv"
+    pd.DataFrame({"gpu": "a100_sxm", "op": "gemm", "dtype": ["bf16", "bf16", "fp8"],
+                  "m": [256, 65536, 256], "n": [4096, 4096, 4096], "k": [4096, 4096, 4096],
+                  "latency_us": [100.0, 10000.0, 100.0]}).to_csv(p, index=False)
+    df = predict_ops(p, coeffs=A100_FILE)
+    assert list(df.columns[-4:]) == list(domain.OP_FLAGS)
+    assert "rel_error" in df.columns and df.predicted_us.notna().all()
+    lo, hi = file_range(A100_FILE, "gemm/bf16", "m")
+    assert df.ood_what.tolist() == ["", "gemm.m", ""]
+    # m = 65536 beyond the fitted m ≤ hi: log2(65537) − log2(1 + hi)
+    assert df.ood_shape[1] == pytest.approx(math.log2(65537) - math.log2(1 + hi), abs=1e-5)
+    assert df.ood_shape[0] == 0 and df.ood_shape[2] == 0
+    assert df.no_kernel_data.tolist() == [False, False, True]
+    assert not df.zero_shot.any()            # per-op rows use no serving stack
+    assert domain.summary(df, "rows").startswith("1 of 3 rows out of domain: 1 beyond the fitted "
+                                                 "shapes (gemm.m up to ")
+    assert predict_ops(p).zero_shot.all()    # neutral roofline
+
+
+def test_summary_line():
+    df = pd.DataFrame({"ood_shape": [3.2, 1.0, 0.0, 0.0], "ood_what": ["attn_decode.context", "lm_head.n", "", ""],
+                       "ood_context": [True, False, True, False],
+                       "fits_memory": [False, True, True, True], "zero_shot": False,
+                       "no_kernel_data": [False, False, False, True]})
+    assert domain.summary(df) == (
+        "3 of 4 steps out of domain: 2 beyond the fitted shapes (attn_decode.context up to 3.2 log2, "
+        "lm_head.n up to 1.0 log2), 2 beyond the context limit; 1 does not fit in memory; "
+        "1 with kernels that have no fitted data")
+
+
+def test_worst_and_excess_are_vectorised():
+    u = np.array([[0.0, 5.0], [3.0, 1.0], [1.0, 1.0]])
+    d = domain.excess(u, np.array([1.0, 0.0]), np.array([2.0, 2.0]))
+    assert d.tolist() == [[1.0, 3.0], [1.0, 0.0], [0.0, 0.0]]
+    dist, what = domain.worst(d, ["a.x", "a.y"])
+    assert dist.tolist() == [3.0, 1.0, 0.0] and what.tolist() == ["a.y", "a.x", ""]
+
+
+def test_cli_prints_one_line_summary(tmp_path):
+    p = tmp_path / "steps.jsonl"
+    p.write_text('{"decode": [10000000]}\n{"prefill": [[512, 0]], "decode": []}\n')
+    out = tmp_path / "pred.csv"
+    r = subprocess.run([sys.executable, "-m", "roofcal.cli", "predict", "--model", "llama-2-7b-hf",
+                        "--gpu", "h100_sxm", "--tp", "1", "--coeffs", H100_FILE, "--steps", str(p),
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("wrote 2 rows")
+    assert lines[1] == ("1 of 2 steps out of domain: 1 beyond the fitted shapes (attn_decode.context "
+                        "up to 6.3 log2), 1 beyond the context limit; 1 does not fit in memory")
+    df = pd.read_csv(out, keep_default_na=False)
+    assert df.ood_what.tolist() == ["attn_decode.context", ""]
