@@ -134,6 +134,17 @@ def _replay_options(s) -> None:
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per BLIS run (default 300)")
 
 
+def _calibration_options(s) -> None:
+    from roofcal.calibration.workload import WorkloadSettings
+    d = WorkloadSettings()
+    _replay_options(s)
+    s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its kernel corrections are kept)")
+    s.add_argument("--refreshes", type=int, default=d.refreshes,
+                   help=f"BLIS replays of the runs per calibration (default {d.refreshes})")
+    s.add_argument("--samples", type=int, default=d.samples,
+                   help=f"distillation steps per deployment (default {d.samples})")
+
+
 def register(sub) -> None:
     """Add ``workload`` (validate, calibrate) to the ``roofcal`` subcommands."""
     w = sub.add_parser("workload", help="measured serving runs replayed in BLIS; serving-stack calibration")
@@ -154,24 +165,18 @@ def register(sub) -> None:
                       description="Fit the serving-stack layer of a coefficient file (CPU work, launch gaps, "
                                   "CPU-GPU overlap, BLIS's alphas) so that BLIS, fed the exported "
                                   "coefficients, reproduces the measured mean E2E, TTFT and ITL.")
-    _replay_options(s)
-    s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its kernel corrections are kept)")
+    _calibration_options(s)
     s.add_argument("--out", metavar="FILE", help="coefficient file to write (default: --coeffs, in place)")
     s.add_argument("--name", default="vllm", help="name of the stack (default vllm); it becomes the default stack")
     s.add_argument("--holdout", metavar="MODEL", action="append",
                    help="leave a model's runs out of the fit (HF id or its last part; repeatable); they are "
                         "still replayed and reported")
-    s.add_argument("--refreshes", type=int, default=4, help="BLIS replays of the runs (default 4)")
-    s.add_argument("--samples", type=int, default=800, help="distillation steps per deployment (default 800)")
     s.set_defaults(func=cmd_calibrate)
 
     s = ws.add_parser("lomo", help="leave-one-model-out benchmark of the workload calibration",
                       description="For each model: calibrate the serving stack on the other models' runs, "
                                   "then replay the held-out model's runs in BLIS; prints signed errors and "
                                   "the held-out MAPE.")
-    _replay_options(s)
-    s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its kernel corrections are kept)")
-    s.add_argument("--refreshes", type=int, default=4, help="BLIS replays per calibration (default 4)")
-    s.add_argument("--samples", type=int, default=800, help="distillation steps per deployment (default 800)")
+    _calibration_options(s)
     s.add_argument("--out", metavar="FILE", help="write the held-out rows as CSV")
     s.set_defaults(func=cmd_lomo)
