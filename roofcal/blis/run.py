@@ -105,12 +105,15 @@ class BlisSettings:
     seed: int = 42
     workers: int = 2
     prompts: str = "pool"
+    kv_blocks: str = "blis"          # KV blocks when vLLM's count is not known: "blis" (auto / TP) or "capacity"
 
     def __post_init__(self):
         if self.arrivals not in ARRIVALS:
             raise RoofcalError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
         if self.prompts not in PROMPTS:
             raise RoofcalError(f"prompts must be one of {', '.join(PROMPTS)}, got {self.prompts!r}")
+        if self.kv_blocks not in ("blis", "capacity"):
+            raise RoofcalError(f"kv_blocks must be 'blis' or 'capacity', got {self.kv_blocks!r}")
 
     @property
     def replay(self) -> str:
@@ -348,12 +351,22 @@ _probe_lock = threading.Lock()
 
 def kv_blocks(exp: Experiment, settings: BlisSettings) -> tuple[int, str]:
     """GPU KV blocks for ``exp`` and where the number comes from: :data:`KNOWN_KV_BLOCKS`, else
-    BLIS's auto-calculated count (probed with a one-request run, ``--log info``) divided by TP.
+    (``settings.kv_blocks == "capacity"``) what vLLM would allocate on an H100
+    (:func:`roofcal.physics.capacity.capacity` at the server's limits), else (the default, as the
+    reference runner does) BLIS's auto-calculated count (probed with a one-request run, ``--log
+    info``) divided by TP.
     Probes are cached in memory per (model, TP, defaults, hardware config, model-config folder)."""
     known = KNOWN_KV_BLOCKS.get((exp.model_id, exp.tp))
     if known is not None:
         return known, "vllm-log"
     folder = model_config_folder(exp, settings.model_configs)
+    if settings.kv_blocks == "capacity":
+        from roofcal.physics.capacity import capacity
+        from roofcal.physics.config import load_model
+        from roofcal.physics.hardware import load_gpu
+        cap = capacity(load_model(folder / "config.json"), load_gpu("h100_sxm"), int(exp.tp),
+                       max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs)
+        return cap.kv_blocks, "roofcal capacity"
     key = (exp.model_id, exp.tp, str(Path(settings.defaults).resolve()),
            str(Path(settings.hardware_config).resolve()), str(folder.resolve()), str(settings.blis))
     with _probe_lock:

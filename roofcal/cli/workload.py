@@ -41,7 +41,8 @@ def settings_from_args(a):
     folders = tuple(Path(p) for p in (a.model_configs or default_model_configs()))
     return BlisSettings(blis=find_blis(a.blis), defaults=Path(a.defaults),
                         hardware_config=Path(a.hardware_config), model_configs=folders,
-                        arrivals=a.arrivals, timeout_s=a.timeout, workers=a.workers, prompts=a.prompts)
+                        arrivals=a.arrivals, timeout_s=a.timeout, workers=a.workers, prompts=a.prompts,
+                        kv_blocks=a.kv_blocks)
 
 
 def coefficients_from_args(a, exps, settings):
@@ -130,6 +131,9 @@ def _replay_options(s) -> None:
                         "model_configs/, then ../shared/workload/model_configs if it exists)")
     s.add_argument("--hardware-config", default=str(BLIS_HARDWARE), metavar="FILE",
                    help="BLIS hardware_config.json (default: BLIS's own, bundled)")
+    s.add_argument("--kv-blocks", choices=("blis", "capacity"), default="blis",
+                   help="GPU KV blocks where vLLM's logged count is not known: BLIS's auto value / TP "
+                        "(default, as BLIS's validation does) or 'capacity' (roofcal capacity, vLLM's rule)")
     s.add_argument("--workers", type=int, default=2, help="BLIS processes at once (default 2)")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per BLIS run (default 300)")
 

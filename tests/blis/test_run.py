@@ -24,6 +24,7 @@ from roofcal.blis.run import (
     BlisSettings,
     coefficient_flags,
     find_blis,
+    kv_blocks,
     model_config_folder,
     run_experiment,
     stage_of,
@@ -261,3 +262,18 @@ def test_pool_prompts_replay_one_cached_prompt_per_user(tmp_path):
     assert np.all(r.num_prefill_tokens == PROMPT + QUESTION + 1)
     fresh = run_experiment(exp, settings(prompts="fresh"), alpha=(A0, A1, A2), beta=BETA)
     assert r.cache_hit_rate > fresh.cache_hit_rate
+
+
+@needs_blis
+def test_kv_blocks_from_capacity_where_vllm_did_not_log_them():
+    from roofcal.physics.capacity import capacity
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    exp = read_experiment(RUNS / MIXTRAL)
+    cap = capacity(load_model("mixtral-8x7b-v0.1"), load_gpu("h100_sxm"), 2,
+                   max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs)
+    assert kv_blocks(exp, settings(kv_blocks="capacity")) == (cap.kv_blocks, "roofcal capacity")
+    # Llama-2-7B TP1 keeps the count vLLM logged, whatever the mode
+    assert kv_blocks(read_experiment(RUNS / CODEGEN_7B), settings(kv_blocks="capacity")) == (7463, "vllm-log")
+    with pytest.raises(RoofcalError, match="kv_blocks must be"):
+        settings(kv_blocks="guess")
