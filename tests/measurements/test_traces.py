@@ -291,3 +291,23 @@ def test_cli_writes_outputs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "files: 2" in out and "steps_usable: 14" in out
     assert (tmp_path / "s.context.csv").exists() and len(pd.read_csv(tmp_path / "r.csv")) == 6
+
+
+def test_parallel_parsing_gives_the_same_results_and_errors(tmp_path, monkeypatch):
+    # tiny blocks, workers from the first block: every line goes through a worker process
+    monkeypatch.setattr(tr, "BLOCK_BYTES", 1)
+    monkeypatch.setattr(tr, "PARALLEL_MIN_BYTES", 0)
+    lines = good_lines() + [_line(("some.other.lib", [_span("x", [summary(1, 99, 1)])]))]
+    p = write(tmp_path, lines[:1] + [""] + lines[1:] + [lines[2][:57]])      # blank + truncated
+    one, two = tr.read_trace(p, workers=1), tr.read_trace(p, workers=2)
+    assert one == two and one.summary.truncated_lines == 1 and one.summary.unknown_scope_spans == 1
+    assert {s.step_id: ([tuple(c) for c in s.prefill], list(s.decode)) for s in two.steps} == EXPECTED
+    assert [r.request_id for r in two.requests] == ["cmpl-A-0", "cmpl-B-0", "cmpl-C-0"]
+    bad = summary(8, 1, 1, start=STARTS[6] + 10**9)
+    bad["attributes"] = [a for a in bad["attributes"] if a["key"] != "step.duration_us"]
+    p = write(tmp_path, good_lines() + [lines[1][:40], _line(("vllm.scheduler.step", [_span("s", [bad])]))])
+    with pytest.raises(RoofcalError, match=r"traces\.json:4: bad JSON"):      # first error in file order
+        tr.read_trace(p, workers=2)
+    p = write(tmp_path, good_lines() + [_line(("vllm.scheduler.step", [_span("s", [bad])])), "[1]"])
+    with pytest.raises(RoofcalError, match=r":4: event 'step.BATCH_SUMMARY' has no attribute"):
+        tr.read_trace(p, workers=2)
