@@ -10,7 +10,7 @@ joined with another file's); concatenate rotated collector files of one run firs
 speed-up, not a dependency) and turned straight into small tuples holding only the attributes
 roofcal uses (no per-event objects; :func:`iter_events` still yields :class:`TraceEvent` for other
 uses). Lines are independent, so once :data:`PARALLEL_MIN_BYTES` were read, blocks of about
-:data:`BLOCK_BYTES` are parsed by forked worker processes (one per CPU, at most
+:data:`BLOCK_BYTES` are parsed by worker processes (from a fork server; one per CPU, at most
 :data:`MAX_WORKERS`; ``workers=1`` parses in-process) while the reader stays at most two blocks per
 worker ahead, and the results are merged in file order — same steps, requests, counts and errors as
 one process. Memory: a few blocks plus the per-step and per-request records produced. Measured on a
@@ -735,12 +735,14 @@ def _workers() -> int:
 
 
 def _pool(workers: int):
-    """A pool of ``workers`` forked processes (fork: the workers start in milliseconds and do not
-    re-import the caller's ``__main__``), or None where fork is unavailable (then one process)."""
+    """A pool of ``workers`` processes forked from a fresh fork server, or None where that is
+    unavailable (then one process). Not plain fork: the caller may run threads (JAX, which the
+    ``roofcal`` command line imports, does), and forking a threaded process can deadlock. As with
+    spawn, a script calling this needs an ``if __name__ == "__main__":`` guard."""
     import multiprocessing
-    if "fork" not in multiprocessing.get_all_start_methods():   # pragma: no cover - not POSIX
+    if "forkserver" not in multiprocessing.get_all_start_methods():   # pragma: no cover - not POSIX
         return None
-    return multiprocessing.get_context("fork").Pool(workers)
+    return multiprocessing.get_context("forkserver").Pool(workers)
 
 
 def _parsed_lines(path: Path, counts: _Counts, progress, workers: int | None):
