@@ -84,10 +84,7 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
     validate_export_coeffs(alpha, input_beta, f"{defaults_path}: trained_physics_coefficients")
     c = coeff_io.load(coeffs_path) if coeffs_path is not None else None
     if c is not None:
-        if c.stack is None and stack is None:
-            raise RoofcalError(f"{coeffs_path}: has no serving stack to distil; pass --stack none "
-                               "(kernels only) or --stack FILE:NAME to borrow one")
-        c = coeff_io.resolve_stack(c, stack)
+        c = coeff_io.resolve_stack(c, stack, required=True)
     gpu = load_gpu(c.gpu) if c is not None else None
     if c is not None:
         c.check_gpu(gpu)

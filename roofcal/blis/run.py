@@ -273,14 +273,11 @@ def workload_spec(exp: Experiment, arrivals: str = "open", blis: str | os.PathLi
 def _pool_prompt(client: dict, exp: Experiment) -> dict:
     """``client`` (one simulated user) replaying one fixed prompt: its own prefix group holding
     system prompt + question, then the rest of the measured mean prompt (≥ 1 token)."""
-    p = exp.prefix
-    pool = p.system_prompt_len + p.question_len
-    measured = exp.truth["summary"].prompt_len
-    rest = max(1, int(round(measured - pool))) if math.isfinite(measured) else 1
     out = dict(client)
     out["prefix_group"] = str(client.get("id"))
-    out["prefix_length"] = pool
-    out["input_distribution"] = {"type": "constant", "params": {"value": rest}}
+    out["prefix_length"] = exp.pool_prompt_tokens
+    out["input_distribution"] = {"type": "constant",
+                                 "params": {"value": exp.prompt_tokens - exp.pool_prompt_tokens}}
     return out
 
 

@@ -84,9 +84,15 @@ def validate(exps: Sequence[Experiment], settings: BlisSettings, alpha: Sequence
     exps = list(exps)
     t0 = time.perf_counter()
     results = run_experiments(exps, settings, alpha, beta, progress=progress, keep=keep)
+    return validation_of(exps, results, settings, time.perf_counter() - t0)
+
+
+def validation_of(exps: Sequence[Experiment], results: Sequence[SimResult], settings: BlisSettings,
+                  wall_s: float) -> Validation:
+    """The :class:`Validation` of replays already run (``results``, in the order of ``exps``)."""
     table = validation_table(exps, results)
     return Validation(table=table, mape=mape(table), results=tuple(results), arrivals=settings.replay,
-                      wall_s=time.perf_counter() - t0)
+                      wall_s=wall_s)
 
 
 def validation_text(v: Validation) -> str:

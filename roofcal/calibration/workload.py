@@ -37,10 +37,8 @@ Loop (Gauss–Newton with the simulator refreshing the model's blind spots):
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import jax
@@ -66,6 +64,9 @@ PRIOR = {"step_us": (1500.0, 1.5), "decode_seq_us": (30.0, 1.5), "prefill_seq_us
          "layer_us": (10.0, 1.5), "overlap": (2.0, 1.5), "queueing_us": (3000.0, 1.5),
          "post_decode_us": (300.0, 1.5), "output_token_us": (30.0, 1.5)}
 METRICS = ("e2e", "ttft", "itl")
+#: ``source.kind`` of a stack fitted here (its alphas were fitted on request-level data, so an
+#: export writes them: :func:`roofcal.blis.distill.stack_alphas_calibrated`)
+SOURCE_KIND = "workload calibration: mean E2E, TTFT, ITL of serving runs, BLIS in the loop"
 #: largest factor between BLIS and the steady state that the loop carries as a correction
 DELTA_CAP = 1.5
 
@@ -146,12 +147,9 @@ def loads_of(exp) -> tuple[Load, ...]:
     generator sends a fixed pool of prompts (system prompt + question per simulated user), so
     after its first use a prompt's whole 16-token KV blocks of system + question hit vLLM's prefix
     cache; the prompt itself is as long as measured (template tokens included)."""
-    p = exp.prefix
-    pool = p.system_prompt_len + p.question_len
-    measured = getattr(exp.truth["summary"], "prompt_len", None)
-    prompt = max(pool, int(round(measured))) if measured else pool
-    cached = (pool // 16) * 16
-    return tuple(Load(s.rate, s.duration, prompt, cached, p.output_len, exp.max_num_seqs) for s in exp.stages)
+    cached = (exp.pool_prompt_tokens // 16) * 16
+    return tuple(Load(s.rate, s.duration, exp.prompt_tokens, cached, exp.prefix.output_len, exp.max_num_seqs)
+                 for s in exp.stages)
 
 
 def case_of(exp, model_spec) -> Case:
@@ -174,20 +172,19 @@ def predict_case(theta, ops: dict, gpu, case: Case) -> jnp.ndarray:
     return jnp.stack([m["e2e_us"], m["ttft_us"], m["itl_us"]])
 
 
-def _residual_fn(ops, gpu, cases, delta, settings, anchor=None):
-    """Residuals (and their Jacobian) of the fit: per run log(model · e^δ / measured) of E2E,
-    TTFT, ITL; the prior; and, after a BLIS refresh, a trust region of ``settings.trust`` pseudo-runs
-    around ``anchor`` (the θ where δ was measured: δ is only valid near it)."""
+def _residual_fn(ops, gpu, cases, settings):
+    """Residuals ``res(θ, δ, anchor, w_trust)`` of the fit and their Jacobian in θ, compiled once
+    for every refresh: per run log(model · e^δ / measured) of E2E, TTFT, ITL (δ: (runs, 3)); the
+    prior; and a trust region of ``w_trust²`` pseudo-runs around ``anchor`` (the θ where δ was
+    measured: δ is only valid near it; 0 before the first BLIS refresh)."""
     centre = physical_to_theta({n: PRIOR[n][0] for n in THETA})
     sd = np.array([PRIOR[n][1] for n in THETA])
     w = math.sqrt(settings.prior_weight)
-    wt = math.sqrt(settings.trust) if anchor is not None else 0.0
-    anchor = jnp.asarray(anchor if anchor is not None else centre, jnp.float32)
 
-    def residuals(theta):
-        r = [jnp.log(predict_case(theta, ops, gpu, c)) + d - jnp.log(c.measured_us)
-             for c, d in zip(cases, delta)]
-        return jnp.concatenate(r + [w * (theta - centre) / sd, wt * (theta - anchor) / sd])
+    def residuals(theta, delta, anchor, w_trust):
+        r = [jnp.log(predict_case(theta, ops, gpu, c)) + delta[i] - jnp.log(c.measured_us)
+             for i, c in enumerate(cases)]
+        return jnp.concatenate(r + [w * (theta - centre) / sd, w_trust * (theta - anchor) / sd])
     return jax.jit(residuals), jax.jit(jax.jacfwd(residuals))
 
 
@@ -251,15 +248,12 @@ def workload_steps(coeffs: Coefficients, exps, model_dirs: dict) -> list:
     out = []
     for e in exps:
         spec = load_model(model_dirs[e.name] / "config.json")
-        for i, ld in enumerate(sorted(set(loads_of(e)), key=lambda x: x.rate)[:1]):   # same grid each stage
-            grid = step_grid(ld)
-            keep = np.arange(1, grid.num_steps)
-            grid = grid.take(keep)
-            pred = np.asarray(step_breakdown(coeffs.params, spec, gpu, int(e.tp), grid)["total"], np.float64)
-            n = len(pred)
-            phase = np.where(np.asarray(grid.prefill_mask).sum(1) > 0, "mixed", "decode")
-            out.append(StepData(spec, gpu.name, int(e.tp), grid, pred, phase,
-                                np.array([f"{e.name}#{k}" for k in range(n)]), f"{e.name} (steady-state steps)"))
+        grid = step_grid(loads_of(e)[0])                    # every stage of a run has the same grid
+        grid = grid.take(np.arange(1, grid.num_steps))      # without the empty step
+        pred = np.asarray(step_breakdown(coeffs.params, spec, gpu, int(e.tp), grid)["total"], np.float64)
+        phase = np.where(np.asarray(grid.prefill_mask).sum(1) > 0, "mixed", "decode")
+        out.append(StepData(spec, gpu.name, int(e.tp), grid, pred, phase,
+                            np.array([f"{e.name}#{k}" for k in range(len(pred))]), f"{e.name} (steady-state steps)"))
     return out
 
 
@@ -268,8 +262,10 @@ def distil(coeffs: Coefficients, exps, model_dirs: dict, blis_settings, samples:
     """(alpha, beta) BLIS coefficients of ``coeffs`` (with its current stack): betas distilled
     for the experiments' deployments — half the weight on steps sampled over the servers' limits
     (:mod:`roofcal.blis.sampling`), half on the experiments' own steady-state steps
-    (:func:`workload_steps`) — alphas from the stack."""
+    (:func:`workload_steps`) — alphas from the stack when it was calibrated on serving runs, else
+    from the defaults (as ``roofcal export blis``)."""
     from roofcal.blis.defaults_yaml import read_defaults_coefficients
+    from roofcal.blis.distill import stack_alphas_calibrated
     from roofcal.blis.fit import BlisFitSettings, Deployment, build_rows, fit_blis, resolve_deployment
     from roofcal.blis.hardware_json import hardware_for_gpu
     from roofcal.blis.sampling import SamplerSettings
@@ -282,12 +278,14 @@ def distil(coeffs: Coefficients, exps, model_dirs: dict, blis_settings, samples:
                               max_context=max(e.max_model_len for e in exps))
     settings = BlisFitSettings(seed=seed, samples=samples, sampler=sampler)
     _, hw = hardware_for_gpu(blis_settings.hardware_config, gpu, None)
-    _, input_beta = read_defaults_coefficients(blis_settings.defaults)
+    alpha, input_beta = read_defaults_coefficients(blis_settings.defaults)
     resolved = [resolve_deployment(d, hw) for d in deps]
     rows = build_rows(coeffs.params, gpu, resolved, settings, workload_steps(coeffs, exps, model_dirs), hw)
     fit = fit_blis([rows[k] for k in ("distill", "measured") if k in rows], input_beta, settings)
-    st = coeffs.stacks[coeffs.stack]
-    return tuple(float(st.alphas_us[n]) for n in ALPHAS), tuple(float(b) for b in fit.beta)
+    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
+    if st is not None and stack_alphas_calibrated(st):      # the same rule as export blis
+        alpha = [st.alphas_us[n] for n in ALPHAS]
+    return tuple(float(a) for a in alpha), tuple(float(b) for b in fit.beta)
 
 
 def _blis_means(results) -> np.ndarray:
@@ -305,8 +303,6 @@ def export_for(coeffs: Coefficients, exps, blis_settings, samples: int = 800, se
     ``exps`` (:func:`distil`)."""
     from roofcal.blis.run import model_config_folder
     dirs = {e.name: model_config_folder(e, blis_settings.model_configs) for e in exps}
-    if coeffs.stack is None:
-        raise RoofcalError(f"{coeffs.source}: no serving stack to export")
     return distil(coeffs, exps, dirs, blis_settings, samples, seed)
 
 
@@ -340,12 +336,14 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
     delta = [np.zeros(3) for _ in cases]
     history, best = [], None
     model_fn = jax.jit(lambda th: jnp.stack([predict_case(th, ops, gpu, c) for c in cases]))
+    res, jac = _residual_fn(ops, gpu, cases, settings)
     for k in range(settings.refreshes):
-        res, jac = _residual_fn(ops, gpu, cases, [jnp.asarray(d, jnp.float32) for d in delta], settings,
-                                anchor=theta if k > 0 else None)
-        theta = levenberg_marquardt(res, jac, theta, settings.lm_iters)
+        args = (jnp.asarray(np.stack(delta), jnp.float32), jnp.asarray(theta, jnp.float32),
+                jnp.float32(math.sqrt(settings.trust) if k > 0 else 0.0))
+        theta = levenberg_marquardt(lambda th: res(th, *args), lambda th: jac(th, *args), theta,
+                                    settings.lm_iters)
         model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32)), np.float64) / 1000.0
-        c = coeff_io.add_stack(coeffs, name, stack_of(theta, {}), default=True)
+        c = coeff_io.add_stack(coeffs, name, stack_of(theta, {"kind": SOURCE_KIND}), default=True)
         alpha, beta = distil(c, deploy, dirs, blis_settings, settings.samples, settings.seed)
         results = run_experiments(exps, blis_settings, alpha, beta, progress=progress)
         blis_ms = _blis_means(results)
@@ -370,7 +368,7 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
                  for b, m in zip(blis_ms, model_ms)]
     it, theta = best
     source = {
-        "kind": "workload calibration: mean E2E, TTFT, ITL of serving runs, BLIS in the loop",
+        "kind": SOURCE_KIND,
         "experiments": [{"name": e.name, **file_record(e.path / "results" / "summary_lifecycle_metrics.json")}
                         for e in exps],
         "kernels_from": {"file": coeffs.source, "gpu": coeffs.gpu},
@@ -408,7 +406,7 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     coefficients (the fitted runs' from the chosen refresh; held-out runs, and overload runs
     unless ``overload`` is False, replayed once more) with measurement."""
     from roofcal.blis.run import run_experiments
-    from roofcal.blis.validate import Validation, mape, validation_table, validation_text
+    from roofcal.blis.validate import validation_of, validation_text
     t0 = time.time()
     coeffs = coeff_io.load(coeffs_path)
     holdout = list(holdout or [])
@@ -427,9 +425,7 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     more = {r.experiment: r for r in run_experiments(rest, blis_settings, cal.best.alpha, cal.best.beta, progress=True)}
     shown = [e for e in exps if e.name in fitted or e.name in more]
     results = [fitted.get(e.name) or more[e.name] for e in shown]
-    table = validation_table(shown, results)
-    v = Validation(table=table, mape=mape(table), results=tuple(results), arrivals=blis_settings.replay,
-                   wall_s=sum(r.wall_s for r in results))
+    v = validation_of(shown, results, blis_settings, sum(r.wall_s for r in results))
     if out is not None:
         coeff_io.save(c, out)
     lines = [f"serving stack '{name}' (BLIS loss {cal.best.loss:.4f} on {sum(not e.overload for e in fit_exps)} runs"

@@ -52,11 +52,7 @@ def coefficients_from_args(a, exps, settings):
         return None, None
     from roofcal.calibration.workload import export_for
     from roofcal.model import coeffs as coeff_io
-    c = coeff_io.load(a.coeffs)
-    if c.stack is None and a.stack is None:
-        from roofcal.errors import RoofcalError
-        raise RoofcalError(f"{a.coeffs}: has no serving stack; pass --stack none (kernels only) or FILE:NAME")
-    c = coeff_io.resolve_stack(c, a.stack)
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
     alpha, beta = export_for(c, [e for e in exps if not e.overload] or exps, settings)
     print(f"exported {a.coeffs} (stack {c.stack or 'none'}): --alpha-coeffs "
           f"{','.join(f'{x:.6g}' for x in alpha)} --beta-coeffs {','.join(f'{x:.6g}' for x in beta)}")

@@ -121,6 +121,20 @@ class Experiment:
         return ("summary",) + tuple(f"stage_{i}" for i in range(len(self.stages)))
 
     @property
+    def pool_prompt_tokens(self) -> int:
+        """Tokens of one prompt of inference-perf's pool: system prompt + question."""
+        return self.prefix.system_prompt_len + self.prefix.question_len
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of one prompt as the server saw it: the pool prompt, then the rest of the measured
+        mean prompt (the chat template), at least 1 token; pool + 1 when no prompt length was
+        reported."""
+        measured = self.truth["summary"].prompt_len
+        rest = round(measured - self.pool_prompt_tokens) if math.isfinite(measured) else 1
+        return self.pool_prompt_tokens + max(1, int(rest))
+
+    @property
     def num_requests(self) -> int:
         """Requests the load sends: Σ round(rate · duration) over the stages."""
         return sum(round(s.rate * s.duration) for s in self.stages)

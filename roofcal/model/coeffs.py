@@ -304,11 +304,16 @@ def add_stack(c: "Coefficients", name: str, stack: Stack, default: bool = False)
     return with_stack(out, name if default or c.stack is None or c.stack == name else c.stack)
 
 
-def resolve_stack(c: "Coefficients", spec: str | None) -> "Coefficients":
+def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False) -> "Coefficients":
     """``c`` with the stack a ``--stack`` value names: None → the file's default; ``none`` →
     kernels only; ``NAME`` → one of the file's stacks; ``FILE:NAME`` → a stack borrowed from
-    another coefficient file (any GPU), recorded in its source as borrowed."""
+    another coefficient file (any GPU), recorded in its source as borrowed. With ``required``
+    (whole steps, an export), a file without any stack is refused unless ``spec`` says what to
+    use, so no step goes without its overheads by accident."""
     if spec is None:
+        if required and c.stack is None:
+            raise RoofcalError(f"{c.source}: has no serving stack; pass --stack {NO_STACK} (kernels only) "
+                               "or --stack FILE:NAME to borrow one")
         return c
     if spec == NO_STACK or spec in c.stacks:
         return with_stack(c, spec)

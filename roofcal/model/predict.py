@@ -36,10 +36,7 @@ def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False):
     else:
         coeffs.check_gpu(gpu)
         c = coeffs
-    if stack is None and steps and c.stack is None and coeffs is not None:
-        raise RoofcalError(f"{c.source}: has no serving stack for whole steps; pass --stack "
-                           f"{coeff_io.NO_STACK} (kernels only) or --stack FILE:NAME to borrow one")
-    return coeff_io.resolve_stack(c, stack)
+    return coeff_io.resolve_stack(c, stack, required=steps and coeffs is not None)
 
 
 def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = None) -> pd.DataFrame:
