@@ -18,14 +18,16 @@ data is scarce (a few-shot refit stays near its prior), negligible with thousand
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
+from roofcal.calibration import conformal
 from roofcal.model import correction as K
+from roofcal.model import intervals as IV
 from roofcal.model.coeffs import Coefficients, Stack, add_stack, roundtrip, with_stack
 from roofcal.physics.hardware import GPUSpec
 from roofcal.calibration.loss import error_summary, log_ratio_sq, prior_penalty
@@ -313,9 +315,11 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
 # --------------------------------------------------------------------------------------------
 # evaluation and the whole fit
 
-def kernel_metrics(table: pd.DataFrame, params: dict, gpu: GPUSpec, test: np.ndarray) -> dict:
-    """{'train': {key: summary}, 'heldout': {key: summary}} for every kernel kind/variant."""
-    pred = predict_table(table, params, gpu)
+def kernel_metrics(table: pd.DataFrame, params: dict, gpu: GPUSpec, test: np.ndarray,
+                   pred: pd.DataFrame | None = None) -> dict:
+    """{'train': {key: summary}, 'heldout': {key: summary}} for every kernel kind/variant
+    (``pred``: :func:`predict_table` of ``table``, when already computed)."""
+    pred = predict_table(table, params, gpu) if pred is None else pred
     out = {"train": {}, "heldout": {}}
     for g, op, dt, idx in groups(table):
         key = K.op_key(op, dt)
@@ -410,16 +414,42 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         c.fit["deployments"] = [{"model": m, "tp": t} for m, t in
                                 sorted({(d.model.ref, d.tp) for d in steps})]
     c = roundtrip(c)                        # metrics of exactly what the file will hold
-    metrics = kernel_metrics(table, c.params, gpu, test) if len(table) else {"train": {}, "heldout": {}}
+    metrics = {"train": {}, "heldout": {}}
+    if len(table):
+        pred = predict_table(table, c.params, gpu)
+        metrics = kernel_metrics(table, c.params, gpu, test, pred)
+        c.intervals = op_intervals(pred, test, settings)
     step_table = None
     if steps:
         step_table = step_predictions(steps, c.params)
-        sm = step_metrics(step_table, np.concatenate(step_tests))
+        step_test = np.concatenate(step_tests)
+        sm = step_metrics(step_table, step_test)
         for split in ("train", "heldout"):
             metrics[split].update(sm[split])
+        bands = conformal.phase_bands(step_table["phase"].values[step_test],
+                                      (step_table["measured_us"] / step_table["predicted_us"]).values[step_test])
+        if bands and c.stack in c.stacks:
+            c.stacks[c.stack] = replace(c.stacks[c.stack], intervals=bands)
     c.metrics = _round_metrics(metrics)
     log("metrics done")
     return FitResult(c, test, step_tests, step_table)
+
+
+def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings) -> dict:
+    """The ``intervals`` of a fit: conformal bands (:mod:`roofcal.calibration.conformal`) of
+    measured / predicted on the held-out per-op rows (``pred``: :func:`predict_table` output),
+    per kernel and regime."""
+    rows = pred.iloc[np.flatnonzero(test)]
+    keys = (rows["op"] + "/" + rows["dtype"]).to_numpy()
+    reg = IV.regime(rows["ideal_compute_us"].values, rows["ideal_memory_us"].values)
+    ratios = (rows["latency_us"] / rows["predicted_us"]).to_numpy()
+    bands = conformal.op_bands(keys, reg, ratios)
+    source = {"residuals": f"held-out per-op rows of this fit ({settings.holdout:.0%} per kernel, "
+                           f"seed {settings.seed}): measured / predicted",
+              "method": f"split conformal, central {IV.LEVEL:.0%}, per kernel and regime "
+                        f"(compute / memory by ideal time); strata under {conformal.MIN_ROWS} rows "
+                        "pool per kernel, then per kind"}
+    return {"ops": bands, "source": source} if bands else {}
 
 
 def stack_name(step_files: list) -> str:

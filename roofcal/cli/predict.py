@@ -1,6 +1,7 @@
 """``roofcal predict``: step times with a breakdown (:func:`roofcal.model.predict.predict`), or
 every row of a per-op table (:func:`roofcal.model.predict.predict_ops`); then one line saying
-how many rows are out of the fitted domain (:func:`roofcal.model.domain.summary`)."""
+how many rows are out of the fitted domain (:func:`roofcal.model.domain.summary`) and one on
+their 80 % intervals (:func:`roofcal.model.intervals.summary`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from roofcal.errors import RoofcalError
 def cmd_predict(a) -> None:
     from roofcal.io import write_csv_atomic
     from roofcal.model.domain import summary
+    from roofcal.model.intervals import summary as interval_summary
     if a.ops:
         from roofcal.model.predict import predict_ops
         df = predict_ops(a.ops, coeffs=a.coeffs)
@@ -21,6 +23,9 @@ def cmd_predict(a) -> None:
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
     print(summary(df, "rows" if a.ops else "steps"))
+    line = interval_summary(df, "rows" if a.ops else "steps")
+    if line:
+        print(line)
 
 
 def register(sub) -> None:

@@ -26,6 +26,11 @@ Layout (every value in physical units)::
         mix_sharpness: 1.0                         # prefill–decode attention soft max, ≥ 1
         overlap_sharpness: 1.0                     # CPU–GPU soft max, ≥ 1 (1 = serial sum)
         alphas_us: {queueing_us, post_decode_us, output_token_us}   # BLIS's α0, α1, α2 (µs)
+        intervals: {prefill: {p10, p90, n}, decode: ...}   # measured/predicted band of held-out steps
+    intervals:                                     # 80 % prediction bands (roofcal/model/intervals.py)
+      level: 0.8
+      source: {...}                                # which residuals, how
+      ops: {gemm/bf16: {all: {p10, p90, n}, compute: ..., memory: ...}, allreduce: {all: ...}}
 
 Loading validates everything and refuses files for another GPU or schema version; a
 ``roofcal-coeffs/1`` file's single ``step`` block reads as one stack named ``schema-1``.
@@ -43,6 +48,7 @@ import yaml
 
 from roofcal import __version__
 from roofcal.model import correction as K
+from roofcal.model import intervals as IV
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.io import read_yaml, write_text_atomic
@@ -66,6 +72,7 @@ class Stack:
     params: dict
     alphas_us: dict = field(default_factory=lambda: {n: 0.0 for n in ALPHAS})
     source: dict = field(default_factory=dict)
+    intervals: dict = field(default_factory=dict)   # phase → Band of held-out steps
 
 
 @dataclass
@@ -83,6 +90,18 @@ class Coefficients:
     source: str = "<memory>"
     stacks: dict = field(default_factory=dict)      # name → Stack
     stack: str | None = None                        # the stack in params["step"] (None: no stack)
+    intervals: dict = field(default_factory=dict)   # {"ops": {kernel or kind: {stratum: Band}}, "source": {...}}
+
+    @property
+    def op_bands(self) -> dict:
+        """{kernel or kind: {stratum: Band}} of the per-op prediction bands (empty: none)."""
+        return self.intervals.get("ops", {})
+
+    @property
+    def stack_bands(self) -> dict:
+        """{phase: Band} of the current stack's whole-step bands (empty: none)."""
+        st = self.stacks.get(self.stack) if self.stack else None
+        return st.intervals if st is not None else {}
 
     @classmethod
     def neutral(cls, gpu: GPUSpec) -> "Coefficients":
@@ -151,8 +170,32 @@ def step_to_dict(step: dict) -> dict:
 
 
 def stack_to_dict(st: Stack) -> dict:
-    return {"source": dict(st.source), **step_to_dict(st.params),
-            "alphas_us": {n: round_sig(float(st.alphas_us.get(n, 0.0))) for n in ALPHAS}}
+    d = {"source": dict(st.source), **step_to_dict(st.params),
+         "alphas_us": {n: round_sig(float(st.alphas_us.get(n, 0.0))) for n in ALPHAS}}
+    if st.intervals:
+        d["intervals"] = IV.phase_bands_to_dict(st.intervals)
+    return d
+
+
+def intervals_to_dict(iv: dict) -> dict:
+    """The ``intervals`` block of a file (empty dict: none)."""
+    if not iv:
+        return {}
+    return {"level": IV.LEVEL, "source": dict(iv.get("source", {})),
+            "ops": IV.bands_to_dict(iv.get("ops", {}))}
+
+
+def intervals_from_dict(d, src: str) -> dict:
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise RoofcalError(f"{src}: field 'intervals' must be a mapping")
+    if d.get("level") != IV.LEVEL:
+        raise RoofcalError(f"{src}: field 'intervals.level' must be {IV.LEVEL}, got {d.get('level')!r}")
+    if not isinstance(d.get("source", {}), dict):
+        raise RoofcalError(f"{src}: field 'intervals.source' must be a mapping")
+    return {"source": dict(d.get("source", {})),
+            "ops": IV.bands_from_dict(d.get("ops", {}), f"{src}: field 'intervals.ops")}
 
 
 def params_to_dict(params: dict) -> dict:
@@ -245,7 +288,8 @@ def stack_from_dict(d, src: str, name: str) -> Stack:
     where = f"stacks.{name}"
     if not isinstance(d, dict):
         raise RoofcalError(f"{src}: field '{where}' must be a mapping")
-    known = {"source", "overheads_us", "kernel_scales", "mix_sharpness", "overlap_sharpness", "alphas_us"}
+    known = {"source", "overheads_us", "kernel_scales", "mix_sharpness", "overlap_sharpness", "alphas_us",
+             "intervals"}
     extra = sorted(set(d) - known, key=str)
     if extra:
         raise RoofcalError(f"{src}: field '{where}.{extra[0]}' is not a stack field ({', '.join(sorted(known))})")
@@ -256,7 +300,9 @@ def stack_from_dict(d, src: str, name: str) -> Stack:
     source = d.get("source", {})
     if not isinstance(source, dict):
         raise RoofcalError(f"{src}: field '{where}.source' must be a mapping")
-    return Stack(step_from_dict(d, src, where), alphas, source)
+    bands = IV.phase_bands_from_dict(d["intervals"], f"{src}: field '{where}.intervals") \
+        if "intervals" in d else {}
+    return Stack(step_from_dict(d, src, where), alphas, source, bands)
 
 
 def params_from_dict(d: dict, src: str) -> dict:
@@ -325,7 +371,7 @@ def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False) -
         st = other.stacks[name]
         borrowed = Stack(st.params, dict(st.alphas_us),
                          {"borrowed_from": {"file": str(path), "sha256": _sha(path), "gpu": other.gpu,
-                                            "stack": name}, **st.source})
+                                            "stack": name}, **st.source}, dict(st.intervals))
         return add_stack(c, name, borrowed, default=True)
     return with_stack(c, spec)        # raises: names the stacks there are
 
@@ -370,6 +416,8 @@ def to_yaml(c: Coefficients) -> str:
         "stack": c.stack,
         "stacks": {name: stack_to_dict(st) for name, st in c.stacks.items()},
     }
+    if c.intervals:
+        doc["intervals"] = intervals_to_dict(c.intervals)
     header = (f"# roofcal coefficient file (schema {SCHEMA}); see roofcal/model/coeffs.py and the\n"
               "# README. Efficiencies are sigmoid(sum of term coefficients x standardized log-shape\n"
               "# monomials); latencies and overheads in microseconds; 'stacks' are serving stacks.\n")
@@ -403,7 +451,8 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     c = Coefficients(g["name"], g["datasheet_sha256"], params_from_dict(doc, src),
                      calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),
                      data=doc.get("data", []), fit=doc.get("fit", {}),
-                     metrics=doc.get("metrics", {}), source=src)
+                     metrics=doc.get("metrics", {}), source=src,
+                     intervals=intervals_from_dict(doc.get("intervals"), src))
     stacks, default = stacks_from_dict(doc, src)
     c = with_stack(Coefficients(**{**c.__dict__, "stacks": stacks}), default)
     if gpu is not None:
@@ -415,5 +464,6 @@ def roundtrip(c: Coefficients) -> Coefficients:
     """``c`` as it will read back from its file (parameters rounded to file precision)."""
     doc = yaml.safe_load(to_yaml(c))
     stacks, default = stacks_from_dict(doc, c.source)
-    c2 = Coefficients(**{**c.__dict__, "params": params_from_dict(doc, c.source), "stacks": stacks})
+    c2 = Coefficients(**{**c.__dict__, "params": params_from_dict(doc, c.source), "stacks": stacks,
+                         "intervals": intervals_from_dict(doc.get("intervals"), c.source)})
     return with_stack(c2, default)

@@ -16,12 +16,14 @@ from roofcal.measurements.ops import read_ops
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
 from roofcal.model import domain
+from roofcal.model import intervals
 from roofcal.model.combine import NON_COMPONENT, op_peak_and_bandwidth, step_breakdown
 from roofcal.physics import components as C
 from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
-from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps
+from roofcal.physics.decompose import step_ops
+from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps, step_totals
 
 
 def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False):
@@ -67,6 +69,11 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
         .reset_index(drop=True)
 
 
+#: leading columns of :func:`predict`, in order (``measured_us`` only when given)
+FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "predicted_us", "p10_us",
+         "p90_us", "interval_basis")
+
+
 def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
             coeffs=None, stack: str | None = None) -> pd.DataFrame:
     """Predict every step; one row per input step, in input order.
@@ -78,11 +85,13 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     ``FILE:NAME``; default the file's own).
 
     Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``measured_us`` (when
-    given), ``predicted_us``, one ``<component>_us`` column per kernel, ``overhead_us`` and
-    ``overlap_us`` (CPU time hidden behind the GPU's, ≤ 0), then ``flops`` and ``bytes`` (one
-    GPU, whole step), then the out-of-domain flags :data:`roofcal.model.domain.STEP_FLAGS`
-    (``ood_shape`` in log2 units, ``ood_what``, ``ood_context``, ``fits_memory``, ``zero_shot``,
-    ``no_kernel_data``; see :mod:`roofcal.model.domain`).
+    given), ``predicted_us``, the 80 % interval ``p10_us``, ``p90_us`` and its
+    ``interval_basis`` (:func:`roofcal.model.intervals.step_interval`), one ``<component>_us``
+    column per kernel, ``overhead_us`` and ``overlap_us`` (CPU time hidden behind the GPU's,
+    ≤ 0), then ``flops`` and ``bytes`` (one GPU, whole step), then the out-of-domain flags
+    :data:`roofcal.model.domain.STEP_FLAGS` (``ood_shape`` in log2 units, ``ood_what``,
+    ``ood_context``, ``fits_memory``, ``zero_shot``, ``no_kernel_data``; see
+    :mod:`roofcal.model.domain`).
     """
     def one(c, spec, gspec, t, batch, recs):
         out = {k: np.asarray(v, np.float64) for k, v in
@@ -91,6 +100,9 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
         if any(r.duration_us is not None for r in recs):
             df["measured_us"] = [np.nan if r.duration_us is None else r.duration_us for r in recs]
         df["predicted_us"] = out["total"]
+        calls = step_ops(spec, t, step_totals(batch, np))
+        df["p10_us"], df["p90_us"], df["interval_basis"] = intervals.step_interval(
+            c.op_bands, c.stack_bands, calls, out, out["total"], [r.phase for r in recs])
         for name in sorted(k for k in out if k not in NON_COMPONENT):
             df[f"{name}_us"] = out[name]
         df["flops"], df["bytes"] = out["flops"], out["bytes"]
@@ -99,10 +111,9 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
         return df
 
     df = per_deployment(steps, model, gpu, tp, coeffs, one, stack)
-    comp = [c for c in df.columns if c.endswith("_us") and c not in ("predicted_us", "measured_us")]
+    comp = [c for c in df.columns if c.endswith("_us") and c not in FRONT]
     df[comp] = df[comp].fillna(0.0)
-    front = [c for c in ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "predicted_us")
-             if c in df.columns]
+    front = [c for c in FRONT if c in df.columns]
     return df[front + sorted(comp) + ["flops", "bytes", *domain.STEP_FLAGS]].reset_index(drop=True)
 
 
@@ -137,12 +148,17 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     return tc[:n], tm[:n], z[:n]
 
 
-def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False) -> pd.DataFrame:
+def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
+                  bands: dict | None = None) -> pd.DataFrame:
     """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
-    and with ``flags`` the shape flags ``ood_shape`` (log2 units), ``ood_what`` and
-    ``no_kernel_data`` of :mod:`roofcal.model.domain` after them."""
+    with ``bands`` (:attr:`Coefficients.op_bands`) the 80 % interval ``p10_us``, ``p90_us``
+    (NaN for kernels without held-out evidence), and with ``flags`` the shape flags
+    ``ood_shape`` (log2 units), ``ood_what`` and ``no_kernel_data`` of
+    :mod:`roofcal.model.domain` after them."""
     out = df.copy()
-    for col in ("ideal_compute_us", "ideal_memory_us", "predicted_us"):
+    cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
+        (("p10_us", "p90_us") if bands is not None else ())
+    for col in cols:
         out[col] = np.nan
     flag = {"ood_shape": np.zeros(len(df)), "ood_what": np.full(len(df), "", object),
             "no_kernel_data": np.zeros(len(df), bool)}
@@ -156,6 +172,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
+        if bands is not None:
+            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t)
+            out.loc[out.index[idx], "p10_us"], out.loc[out.index[idx], "p90_us"] = lo, hi
         if flags:
             for name, v in domain.op_shape_flags(params["ops"], op, dt, z).items():
                 flag[name][idx] = v
@@ -171,15 +190,16 @@ def predict_ops(path, coeffs=None) -> pd.DataFrame:
     """``roofcal predict --ops``: predict every row of a per-op CSV/table with a coefficient file.
 
     Without ``coeffs`` the neutral roofline defaults of each row's GPU are used. After the
-    predicted columns come the flags :data:`roofcal.model.domain.OP_FLAGS` (``ood_shape``,
-    ``ood_what``, ``zero_shot``, ``no_kernel_data``).
+    predicted columns come the 80 % interval ``p10_us``, ``p90_us`` (:mod:`roofcal.model.intervals`)
+    and the flags :data:`roofcal.model.domain.OP_FLAGS` (``ood_shape``, ``ood_what``,
+    ``zero_shot``, ``no_kernel_data``).
     """
     df = read_ops(path)
     frames = []
     for g, part in df.groupby("gpu", sort=True):
         spec = load_gpu(g)
         c = resolve_coeffs(coeffs, spec)
-        frames.append(predict_table(part, c.params, spec, flags=True)
+        frames.append(predict_table(part, c.params, spec, flags=True, bands=c.op_bands)
                       .assign(zero_shot=domain.zero_shot(c, steps=False)))
     out = pd.concat(frames).sort_index()
     rest = [col for col in out.columns if col not in domain.OP_FLAGS]

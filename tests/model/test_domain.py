@@ -169,8 +169,12 @@ def test_cli_prints_one_line_summary(tmp_path):
                         "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("wrote 2 rows")
+    assert len(lines) == 3 and lines[0].startswith("wrote 2 rows")
     assert lines[1] == ("1 of 2 steps out of domain: 1 beyond the fitted shapes (attn_decode.context "
                         "up to 6.3 log2), 1 beyond the context limit; 1 does not fit in memory")
+    # the default (vllm) stack has no held-out steps: the interval line says so
+    assert lines[2].startswith("80 % interval: median -") and lines[2].endswith(
+        "2 steps from kernels only (their serving stack has no held-out steps, so its own error "
+        "is not in the band)")
     df = pd.read_csv(out, keep_default_na=False)
     assert df.ood_what.tolist() == ["attn_decode.context", ""]

@@ -1,0 +1,239 @@
+"""Prediction intervals: a central 80 % band around every prediction, from held-out residuals.
+
+A band is two quantiles of the ratio measured / predicted on rows the fit did not see
+(:mod:`roofcal.calibration.conformal` computes them), so a prediction ``t`` becomes the interval
+``[p10 · t, p90 · t]``. Bands are kept
+
+* per kernel (``gemm/bf16``) and *regime* — ``compute`` when the kernel's ideal compute time is
+  at least its ideal memory time, else ``memory`` — with the kernel's pooled band (``all``) and the
+  kind's band pooled over variants (``gemm``) as fall-backs for strata with too few rows;
+* per serving stack and step phase (``prefill``, ``decode``), from held-out whole steps, when the
+  stack was fitted on measured steps.
+
+A whole step's band is the union of (a) its stack's phase band and (b) the band its kernels
+imply: every kernel component moved to its own p10 / p90 together (errors of one step's kernels
+are strongly correlated: the same shapes repeat in every layer), the CPU-side overheads held.
+A stack without measured steps (calibrated on serving runs, or none) gets (b) only; its own
+error is then not in the band, which the output says (``interval_basis``).
+
+Everything here is NumPy on arrays of rows, outside the jitted hot path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from roofcal.errors import RoofcalError
+from roofcal.model import correction as K
+from roofcal.physics.kernels import SHAPE_COLUMNS
+
+#: central coverage of every band
+LEVEL = 0.8
+#: regimes of a kernel row, by which ideal time is larger
+REGIMES = ("compute", "memory")
+#: the pooled stratum of a kernel (all regimes)
+ALL = "all"
+#: step phases a stack band can have; a mixed step takes the union of both
+PHASES = ("prefill", "decode")
+#: kernel kinds with per-op measurements (bands); the rest have none
+MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Band:
+    """Quantiles of measured / predicted (dimensionless) on ``n`` held-out rows: ``p10`` ≤ 1 ≤
+    ``p90`` is typical but not required (a biased model has both above or below 1)."""
+
+    p10: float
+    p90: float
+    n: int
+
+    def to_dict(self) -> dict:
+        return {"p10": float(f"{self.p10:.6g}"), "p90": float(f"{self.p90:.6g}"), "n": int(self.n)}
+
+    @classmethod
+    def from_dict(cls, d, where: str) -> "Band":
+        if not isinstance(d, dict) or set(d) != {"p10", "p90", "n"}:
+            raise RoofcalError(f"{where}' must give p10, p90 and n")
+        vals = []
+        for name in ("p10", "p90"):
+            v = d[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise RoofcalError(f"{where}.{name}' must be a positive ratio, got {v!r}")
+            vals.append(float(v))
+        if vals[0] > vals[1]:
+            raise RoofcalError(f"{where}' has p10 {vals[0]} above p90 {vals[1]}")
+        n = d["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RoofcalError(f"{where}.n' must be a positive integer, got {n!r}")
+        return cls(vals[0], vals[1], n)
+
+    def union(self, other: "Band | None") -> "Band":
+        """The smallest band holding both (``n`` of the wider evidence)."""
+        if other is None:
+            return self
+        return Band(min(self.p10, other.p10), max(self.p90, other.p90), max(self.n, other.n))
+
+
+def regime(tc, tm) -> np.ndarray:
+    """``compute`` where the ideal compute time ``tc`` (µs) ≥ the ideal memory time ``tm`` (µs),
+    else ``memory``; shape of the inputs."""
+    return np.where(np.asarray(tc) >= np.asarray(tm), REGIMES[0], REGIMES[1]).astype(object)
+
+
+# --------------------------------------------------------------------------------------------
+# lookup
+
+def op_band(bands: dict, kind: str, variant: str, reg: str = ALL) -> "Band | None":
+    """The band of a kernel row: the (kernel, regime) stratum, else the kernel's pooled band,
+    else the kind's, else None (no held-out evidence: no interval). ``bands`` maps
+    ``kind/variant`` and ``kind`` to {stratum: Band}."""
+    for key, stratum in ((K.op_key(kind, variant), reg), (K.op_key(kind, variant), ALL), (kind, ALL)):
+        b = bands.get(key, {}).get(stratum)
+        if b is not None:
+            return b
+    return None
+
+
+def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred) -> tuple[np.ndarray, np.ndarray]:
+    """(p10 µs, p90 µs) of per-op rows of one kernel: ``pred`` µs times the band of each row's
+    regime (ideal times ``tc``, ``tm`` µs); NaN where no band exists."""
+    pred = np.asarray(pred, np.float64)
+    reg = regime(tc, tm)
+    lo, hi = np.full(pred.shape, np.nan), np.full(pred.shape, np.nan)
+    for r in REGIMES:
+        b = op_band(bands, kind, variant, r)
+        if b is not None:
+            sel = reg == r
+            lo[sel], hi[sel] = pred[sel] * b.p10, pred[sel] * b.p90
+    return lo, hi
+
+
+def stack_band(stack_bands: dict, phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(p10, p90) ratios per step from a stack's phase bands; a mixed step takes the union of the
+    prefill and decode bands; NaN where the stack has none for the phase."""
+    phase = np.asarray(phase, object)
+    lo, hi = np.full(phase.shape, np.nan), np.full(phase.shape, np.nan)
+    mixed = None
+    for p in PHASES:
+        b = stack_bands.get(p)
+        if b is not None:
+            lo[phase == p], hi[phase == p] = b.p10, b.p90
+            mixed = b.union(mixed)
+    if mixed is not None and len(stack_bands) == len(PHASES):
+        lo[phase == "mixed"], hi[phase == "mixed"] = mixed.p10, mixed.p90
+    return lo, hi
+
+
+def kernel_step_interval(bands: dict, calls: dict, parts: dict, total) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p10 µs, p90 µs, covered) of whole steps from their kernels alone.
+
+    ``calls``: the step's kernel calls (:func:`roofcal.physics.decompose.step_ops`), ``parts``:
+    µs per component (the breakdown, stack scales applied), ``total``: predicted µs (S,). Each
+    component with a band moves to its p10 / p90; the rest of the step (overheads, overlap,
+    kernels without held-out data) is held. ``covered``: fraction of the time of kernels that
+    per-op data can measure (:data:`MEASURED_KINDS`; not the elementwise ones, which run at the
+    roofline times the stack's scale) that had a band (1.0 = every such kernel)."""
+    total = np.asarray(total, np.float64)
+    lo, hi = total.copy(), total.copy()
+    kern, banded = np.zeros_like(total), np.zeros_like(total)
+    for name, call in calls.items():
+        if name not in parts:
+            continue
+        t = np.asarray(parts[name], np.float64)
+        if call.kind in MEASURED_KINDS:
+            kern += t
+        b = op_band(bands, call.kind, call.variant)
+        if b is None:
+            continue
+        banded += t
+        lo += t * (b.p10 - 1.0)
+        hi += t * (b.p90 - 1.0)
+    covered = np.divide(banded, kern, out=np.ones_like(kern), where=kern > 0)
+    return np.maximum(lo, 0.0), hi, covered
+
+
+def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, phase):
+    """(p10 µs, p90 µs, basis) of whole steps: the union of the stack's phase band and the
+    kernels' band (:func:`kernel_step_interval`). ``basis`` per step: ``steps+kernels`` when the
+    stack had a band for the phase, ``kernels`` when only kernels did (the stack's own error is
+    not in it), ``kernels (partial)`` when some kernel time had no band, ``none`` when nothing
+    had."""
+    total = np.asarray(total, np.float64)
+    klo, khi, covered = kernel_step_interval(bands, calls, parts, total)
+    slo, shi = stack_band(stack_bands, phase)
+    has_stack = np.isfinite(slo)
+    lo = np.where(has_stack, np.minimum(klo, total * np.where(has_stack, slo, 1.0)), klo)
+    hi = np.where(has_stack, np.maximum(khi, total * np.where(has_stack, shi, 1.0)), khi)
+    kernels_any = covered > 0
+    none = ~has_stack & ((klo == khi) | ~kernels_any)
+    basis = np.where(has_stack, "steps+kernels",
+                     np.where(covered < 1.0, "kernels (partial)", "kernels")).astype(object)
+    basis[none] = "none"
+    lo[none], hi[none] = np.nan, np.nan
+    return lo, hi, basis
+
+
+# --------------------------------------------------------------------------------------------
+# file form
+
+def bands_to_dict(bands: dict) -> dict:
+    """{kernel or kind: {stratum: Band}} → plain dicts, sorted."""
+    return {key: {s: bands[key][s].to_dict() for s in sorted(bands[key])} for key in sorted(bands)}
+
+
+def bands_from_dict(d, where: str) -> dict:
+    """Inverse of :func:`bands_to_dict`, validated (``where`` names the field in errors, e.g.
+    ``coeffs.yaml: field 'intervals.ops``)."""
+    if not isinstance(d, dict):
+        raise RoofcalError(f"{where}' must map kernels to bands")
+    out = {}
+    for key, strata in d.items():
+        kind = str(key).split("/")[0]
+        if kind not in K.OP_KINDS or str(key).count("/") > 1:
+            raise RoofcalError(f"{where}.{key}' is not a kernel kind or kind/variant")
+        if not isinstance(strata, dict) or not set(strata) <= {ALL, *REGIMES} or not strata:
+            raise RoofcalError(f"{where}.{key}' must map {', '.join((ALL,) + REGIMES)} to bands")
+        out[str(key)] = {s: Band.from_dict(b, f"{where}.{key}.{s}") for s, b in strata.items()}
+    return out
+
+
+def phase_bands_to_dict(bands: dict) -> dict:
+    return {p: bands[p].to_dict() for p in PHASES if p in bands}
+
+
+def phase_bands_from_dict(d, where: str) -> dict:
+    if not isinstance(d, dict) or not set(d) <= set(PHASES):
+        raise RoofcalError(f"{where}' must map {', '.join(PHASES)} to bands")
+    return {p: Band.from_dict(b, f"{where}.{p}") for p, b in d.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# terminal
+
+def summary(df, unit: str = "steps") -> str:
+    """One line on the intervals of a prediction table, e.g. ``80 % interval: median −7 % /
+    +8 % of the prediction; 3 steps from kernels only (their serving stack's own error is not
+    in the band)``; empty when ``df`` has no interval columns."""
+    if "p10_us" not in df.columns:
+        return ""
+    pred = df["predicted_us"].to_numpy(np.float64)
+    lo = df["p10_us"].to_numpy(np.float64) / pred - 1.0
+    hi = df["p90_us"].to_numpy(np.float64) / pred - 1.0
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    if not ok.any():
+        return f"80 % interval: none (no held-out residuals for these {unit})"
+    parts = [f"80 % interval: median {np.median(lo[ok]) * 100:+.0f} % / {np.median(hi[ok]) * 100:+.0f} % "
+             "of the prediction"]
+    if (~ok).any():
+        parts.append(f"{(~ok).sum()} {unit} without one (no held-out data for their kernels)")
+    if "interval_basis" in df.columns:
+        basis = df["interval_basis"].astype(str).to_numpy()
+        k = np.isin(basis, ("kernels", "kernels (partial)")).sum()
+        if k:
+            parts.append(f"{k} {unit} from kernels only (their serving stack has no held-out "
+                         "steps, so its own error is not in the band)")
+    return "; ".join(parts)

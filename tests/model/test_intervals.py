@@ -1,0 +1,160 @@
+"""Prediction intervals: conformal bands (roofcal.calibration.conformal), how predictions use
+them (roofcal.model.intervals) and how coefficient files keep them — hand-checked."""
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from roofcal.calibration import conformal
+from roofcal.errors import RoofcalError
+from roofcal.model import coeffs as coeff_io
+from roofcal.model import intervals as IV
+from roofcal.model.predict import predict
+from roofcal.physics.steps import Step
+
+H100_FILE = "coeffs/h100_sxm.yaml"
+
+
+def test_conformal_ranks_by_hand():
+    # n = 20: (21 · 0.1, 21 · 0.9) = (2.1, 18.9) → the 2nd and 19th smallest
+    assert conformal.ranks(20) == (2, 19)
+    # n = 9: (1.0, 9.0) → the smallest and largest, the fewest rows with a finite band
+    assert conformal.ranks(9) == (1, 9)
+    assert conformal.ranks(8) == (0, 9)
+    b = conformal.band(np.arange(1, 21) / 10.0)          # ratios 0.1 … 2.0
+    assert (b.p10, b.p90, b.n) == (0.2, 1.9, 20)
+    assert conformal.band(np.ones(8)) is None
+
+
+def test_leave_one_out_bands_equal_refits_without_the_row():
+    rng = np.random.default_rng(3)
+    r = np.round(rng.lognormal(0.0, 0.1, 25), 2)          # rounded: ties included
+    lo, hi = conformal.loo_bands(r)
+    for i in range(len(r)):
+        b = conformal.band(np.delete(r, i))
+        assert (lo[i], hi[i]) == (b.p10, b.p90)
+    # 25 rows: bands from 24 others are their (2nd, 23rd) smallest; exactly 21 of the 25 rows
+    # land inside (coverage (23 − 2)/25 = 84 % whatever the values, when they are distinct)
+    d = np.arange(25.0)
+    lo, hi = conformal.loo_bands(d)
+    assert int(((d >= lo) & (d <= hi)).sum()) == 21
+
+
+def test_op_bands_strata_and_fallbacks():
+    keys = np.array(["gemm/bf16"] * 30 + ["gemm/fp8"] * 10 + ["allreduce/nccl"] * 5, object)
+    reg = np.array(["compute"] * 25 + ["memory"] * 5 + ["compute"] * 10 + ["memory"] * 5, object)
+    ratios = np.linspace(0.9, 1.1, 45)
+    bands = conformal.op_bands(keys, reg, ratios)
+    # gemm/bf16: 30 rows → own band and a compute band (25 rows); its 5 memory rows are too few
+    assert set(bands["gemm/bf16"]) == {"all", "compute"}
+    # gemm/fp8 has 10 rows: no band of its own, so the kind pools all 40 gemm rows
+    assert "gemm/fp8" not in bands and bands["gemm"]["all"].n == 40
+    assert "allreduce" not in bands                          # 5 rows: nothing at all
+    assert IV.op_band(bands, "gemm", "bf16", "memory") is bands["gemm/bf16"]["all"]
+    assert IV.op_band(bands, "gemm", "fp8", "compute") is bands["gemm"]["all"]
+    assert IV.op_band(bands, "allreduce", "nccl") is None
+    # the 30 gemm/bf16 ratios are 0.9 + k·0.2/44, k = 0…29; n = 30 → ranks (3, 28)
+    b = bands["gemm/bf16"]["all"]
+    assert b.p10 == pytest.approx(0.9 + 2 * 0.2 / 44) and b.p90 == pytest.approx(0.9 + 27 * 0.2 / 44)
+
+
+def test_op_interval_uses_the_row_regime():
+    bands = {"gemm/bf16": {"all": IV.Band(0.9, 1.1, 100), "compute": IV.Band(0.8, 1.2, 40)}}
+    # row 0 compute-bound (tc ≥ tm), row 1 memory-bound → pooled band
+    lo, hi = IV.op_interval(bands, "gemm", "bf16", np.array([10.0, 1.0]), np.array([5.0, 2.0]),
+                            np.array([100.0, 50.0]))
+    assert lo.tolist() == pytest.approx([80.0, 45.0]) and hi.tolist() == pytest.approx([120.0, 55.0])
+    lo, _ = IV.op_interval(bands, "moe", "bf16", np.ones(1), np.ones(1), np.ones(1))
+    assert math.isnan(lo[0])
+
+
+def test_kernel_step_interval_by_hand():
+    class Call:
+        def __init__(self, kind, variant):
+            self.kind, self.variant = kind, variant
+    bands = {"gemm/bf16": {"all": IV.Band(0.9, 1.2, 50)}, "attn_decode/bf16": {"all": IV.Band(0.95, 1.05, 50)}}
+    calls = {"mlp_up": Call("gemm", "bf16"), "attn_decode": Call("attn_decode", "bf16"),
+             "elementwise": Call("elementwise", "bf16"), "allreduce": Call("allreduce", "custom")}
+    parts = {"mlp_up": np.array([1000.0]), "attn_decode": np.array([200.0]),
+             "elementwise": np.array([50.0]), "allreduce": np.array([0.0]),
+             "overhead": np.array([300.0])}
+    total = np.array([1550.0])
+    lo, hi, cov = IV.kernel_step_interval(bands, calls, parts, total)
+    # 1550 − 0.1·1000 − 0.05·200 = 1440;  1550 + 0.2·1000 + 0.05·200 = 1760
+    assert lo[0] == pytest.approx(1440.0) and hi[0] == pytest.approx(1760.0)
+    assert cov[0] == 1.0            # all-reduce takes no time here; elementwise is never measured
+    # the stack's decode band (0.8, 1.3) is wider: the union holds it
+    lo, hi, basis = IV.step_interval(bands, {"decode": IV.Band(0.8, 1.3, 40)}, calls, parts, total,
+                                     ["decode"])
+    assert (lo[0], hi[0], basis[0]) == (pytest.approx(1240.0), pytest.approx(2015.0), "steps+kernels")
+    # no band for the all-reduce's time: partial
+    parts["allreduce"] = np.array([100.0])
+    _, _, basis = IV.step_interval(bands, {}, calls, parts, total + 100.0, ["decode"])
+    assert basis[0] == "kernels (partial)"
+
+
+def test_shipped_h100_file_has_bands_from_its_heldout_rows():
+    c = coeff_io.load(H100_FILE)
+    doc = yaml.safe_load(open(H100_FILE))
+    # every kernel variant has a band from its held-out rows, or its kind pools (all-reduce
+    # variants hold out 14 / 14 / 25 rows, fewer than 20 for two of them)
+    for key, m in doc["metrics"]["heldout"].items():
+        if key.startswith("steps/"):
+            continue
+        kind, variant = key.split("/")
+        b = IV.op_band(c.op_bands, kind, variant)
+        assert b is not None and b.p10 < 1.0 < b.p90
+        own = c.op_bands.get(key, {}).get("all")
+        assert own is None or own.n == m["n"]
+    assert c.op_bands["allreduce"]["all"].n == 14 + 14 + 25
+    # the splitwise stack has phase bands from its 40 + 40 held-out steps; the serving-run
+    # stack has none (it was calibrated on serving runs, not steps)
+    sw = c.stacks["splitwise"].intervals
+    assert sw["prefill"].n == doc["metrics"]["heldout"]["steps/prefill"]["n"] == 40
+    assert sw["decode"].p90 - sw["decode"].p10 < sw["prefill"].p90 - sw["prefill"].p10
+    assert c.stacks["vllm"].intervals == {}
+
+
+def test_step_predictions_carry_intervals():
+    steps = [Step(prefill=((512, 0),)), Step(decode=(512, 1024, 1024, 2000)),
+             Step(prefill=((256, 0),), decode=(100, 3000))]
+    c = coeff_io.load(H100_FILE)
+    sw = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE, stack="splitwise")
+    assert list(sw.columns[6:10]) == ["predicted_us", "p10_us", "p90_us", "interval_basis"]
+    assert (sw.p10_us < sw.predicted_us).all() and (sw.predicted_us < sw.p90_us).all()
+    assert sw.interval_basis.tolist() == ["steps+kernels"] * 3
+    # a pure decode step: the stack's decode band is at least as wide as the kernels' one
+    d = c.stacks["splitwise"].intervals["decode"]
+    assert sw.p10_us[1] <= sw.predicted_us[1] * d.p10 + 1e-6
+    assert sw.p90_us[1] >= sw.predicted_us[1] * d.p90 - 1e-6
+    # the mixed step takes the prefill band too (the wider one)
+    p = c.stacks["splitwise"].intervals["prefill"]
+    assert sw.p90_us[2] >= sw.predicted_us[2] * p.p90 - 1e-6
+    vl = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE, stack="vllm")
+    assert vl.interval_basis.tolist() == ["kernels"] * 3
+    # neutral defaults: no held-out evidence, no interval
+    nt = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4)
+    assert nt.p10_us.isna().all() and nt.interval_basis.tolist() == ["none"] * 3
+
+
+def test_bad_band_in_a_file_is_refused(tmp_path):
+    doc = yaml.safe_load(open(H100_FILE))
+    doc["intervals"]["ops"]["gemm/bf16"]["all"]["p10"] = 1.5          # above p90
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(RoofcalError, match="intervals.ops.gemm/bf16.all' has p10 1.5 above p90"):
+        coeff_io.load(p)
+    doc = yaml.safe_load(open(H100_FILE))
+    doc["stacks"]["splitwise"]["intervals"]["decode"] = {"p10": 0.9}
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(RoofcalError, match="stacks.splitwise.intervals.decode' must give p10, p90 and n"):
+        coeff_io.load(p)
+
+
+def test_file_roundtrip_keeps_bands(tmp_path):
+    c = coeff_io.load(H100_FILE)
+    out = tmp_path / "again.yaml"
+    coeff_io.save(c, out)
+    assert out.read_text() == open(H100_FILE).read()
