@@ -6,18 +6,18 @@ spans[]}``, ``span.events[].{timeUnixNano, name, attributes[{key, value}]}``; ``
 JSON string), plain or gzip (``.gz``). Each file is one vLLM run (its step ids and requests are never
 joined with another file's); concatenate rotated collector files of one run first (``cat``/``zcat``).
 
-**Parsing and speed.** Lines are parsed by :mod:`json` (``orjson`` when importable: an optional
-speed-up, not a dependency) and turned straight into small tuples holding only the attributes
-roofcal uses (no per-event objects; :func:`iter_events` still yields :class:`TraceEvent` for other
-uses). Lines are independent, so once :data:`PARALLEL_MIN_BYTES` were read, blocks of about
-:data:`BLOCK_BYTES` are parsed by worker processes (from a fork server; one per CPU, at most
-:data:`MAX_WORKERS`; ``workers=1`` parses in-process) while the reader stays at most two blocks per
-worker ahead, and the results are merged in file order — same steps, requests, counts and errors as
-one process. Memory: a few blocks plus the per-step and per-request records produced. Measured on a
-100 MB synthetic rich-step trace, 2 shared cores (load ≈ 1.5–3 from other jobs), stdlib :mod:`json`:
-before this reader 15–19 MB/s; now 17–24 MB/s in one process and 33–38 MB/s with 2 workers (the
-``json.loads`` calls alone run at 34–53 MB/s there; the serial step rebuilding after parsing costs
-≈ 0.5 s per 100 MB); with ``orjson``, 28 and 41 MB/s.
+**Parsing and speed.** Each line is decoded by ``msgspec`` into typed structures of the OTLP JSON
+mapping (:class:`OtlpExport` → :class:`OtlpResourceSpans` → :class:`OtlpScopeSpans` →
+:class:`OtlpSpan` → :class:`OtlpEvent` → :class:`OtlpKeyValue` with an :class:`OtlpAnyValue`):
+only the fields roofcal reads are declared, the rest is skipped by the decoder, and ``intValue``
+strings arrive as ints. The events are then added straight to per-step and per-request records,
+decoding only the attributes roofcal uses (no per-event objects; :func:`iter_events` still yields
+:class:`TraceEvent` for other uses). One process, one line at a time (``Decoder.decode_lines``
+on blocks was no faster and loses the line of an error). On a 100 MB synthetic rich-step trace and
+2 shared cores, ``read_trace`` runs at 57–100 MB/s (median 78–90; the decoding alone at ≈ 300
+MB/s), against 21–36 MB/s for the earlier reader (stdlib :mod:`json` walking dicts, 2 worker
+processes; 34–45 in one process). Worker processes no longer pay for the blocks they must be
+sent. Memory: one line plus the per-step and per-request records produced.
 
 Names (facts from vLLM's tracing, ``vllm/tracing.py`` ``SpanAttributes`` of the inference-sim vLLM
 fork, and the tracing summary in the seeds; where they disagree vLLM wins and the seed's spelling is
@@ -79,7 +79,8 @@ QUEUED, first SCHEDULED, FIRST_TOKEN, FINISHED, DEPARTED; the intervals of BLIS'
 * sampled-out steps: gaps in the emitted step ids (their neighbours get no ``cycle_us``);
 * truncated lines: bad JSON on the *last* line of a file (a collector killed mid-write, or a
   truncated gzip stream) is a counted warning; bad JSON on any other line is a
-  :class:`RoofcalError` naming ``file:line``;
+  :class:`RoofcalError` naming ``file:line``; so is JSON that does not fit the OTLP structures
+  (say a string where an ``AnyValue`` object belongs; the message names the JSON path);
 * unknown scopes: their spans are counted and skipped (so are unknown event names);
 * missing attributes: a :class:`RoofcalError` naming ``file:line``, the event and the attribute;
 * clocks going backwards: a step ending before it starts, or starting before the previous
@@ -91,26 +92,18 @@ QUEUED, first SCHEDULED, FIRST_TOKEN, FINISHED, DEPARTED; the intervals of BLIS'
 
 from __future__ import annotations
 
-import collections
 import gzip
 import json
 import math
-import operator
 import os
 import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from roofcal.errors import RoofcalError
+import msgspec
 
-try:                                            # optional faster parser (see above)
-    import orjson as _orjson
-    _loads = _orjson.loads
-    _JSONError: tuple = (_orjson.JSONDecodeError, ValueError)
-except ImportError:                             # pragma: no cover - depends on the environment
-    _loads = json.loads
-    _JSONError = (json.JSONDecodeError, ValueError)
+from roofcal.errors import RoofcalError
 
 #: OTLP scope name → role (``api``: API spans, ``core``: journey core spans, ``step``: step tracing)
 SCOPES = {"vllm.api": "api", "vllm.scheduler": "core", "vllm.scheduler.step": "step"}
@@ -190,13 +183,13 @@ MAX_PREEMPTED = 5          #: default: steps preempting ≥ 5 requests are preem
 @dataclass(frozen=True, slots=True)
 class TraceEvent:
     """One span event. ``time_ns``: ``timeUnixNano`` (wall clock, ns); ``raw``: attribute key →
-    OTLP value object, decoded on access (:attr:`attributes`, :meth:`get`; ``intValue`` → int);
-    ``trace_id``/``request_id`` come from the enclosing span; ``where`` is ``file:line``."""
+    :class:`OtlpAnyValue`, decoded on access (:attr:`attributes`, :meth:`get`); ``trace_id`` and
+    ``request_id`` come from the enclosing span; ``where`` is ``file:line``."""
 
     scope: str
     name: str
     time_ns: int
-    raw: Mapping[str, Mapping]
+    raw: Mapping[str, Any]
     trace_id: str = ""
     request_id: str | None = None
     where: str = ""
@@ -399,29 +392,115 @@ class TraceData:
 
 
 # ------------------------------------------------------------------------------------ reading
+#
+# The OTLP JSON structures are decoded by msgspec against the typed schema below (the subset of
+# opentelemetry-proto's ``trace.proto``/``common.proto`` JSON mapping roofcal reads): fields
+# outside it are skipped by the decoder without building Python objects, and ``intValue`` (an
+# int64, written as a JSON string) arrives as an int. Lax mode (``strict=False``) is what lets
+# msgspec turn those strings into numbers.
 
 
-def _value(v) -> Any:
-    """Decode one OTLP ``AnyValue`` (``intValue`` is a JSON string; array/kvlist values stay raw)."""
-    if v.__class__ is not dict and not isinstance(v, dict):
+class OtlpAnyValue(msgspec.Struct, gc=False):
+    """OTLP ``AnyValue``: one field is set (array, kvlist and bytes values stay raw JSON data)."""
+
+    stringValue: str | None = None
+    intValue: int | None = None
+    doubleValue: float | None = None
+    boolValue: bool | None = None
+    arrayValue: Any = None
+    kvlistValue: Any = None
+    bytesValue: Any = None
+
+
+class OtlpKeyValue(msgspec.Struct, gc=False):
+    """OTLP ``KeyValue``: one attribute."""
+
+    key: str
+    value: OtlpAnyValue | None = None
+
+
+class OtlpEvent(msgspec.Struct, gc=False):
+    """OTLP ``Span.Event`` (``timeUnixNano``: wall clock ns, a JSON string)."""
+
+    name: str = ""
+    timeUnixNano: int = 0
+    attributes: list[OtlpKeyValue] | None = None
+
+
+class OtlpSpan(msgspec.Struct, gc=False):
+    """OTLP ``Span``: its trace id, attributes and events (the rest is skipped)."""
+
+    traceId: str = ""
+    attributes: list[OtlpKeyValue] | None = None
+    events: list[OtlpEvent] | None = None
+
+
+class OtlpScope(msgspec.Struct, gc=False):
+    """OTLP ``InstrumentationScope``."""
+
+    name: str = ""
+
+
+class OtlpScopeSpans(msgspec.Struct, gc=False):
+    """OTLP ``ScopeSpans``."""
+
+    scope: OtlpScope | None = None
+    spans: list[OtlpSpan] | None = None
+
+
+class OtlpResourceSpans(msgspec.Struct, gc=False):
+    """OTLP ``ResourceSpans`` (the resource itself is not read)."""
+
+    scopeSpans: list[OtlpScopeSpans] | None = None
+
+
+class OtlpExport(msgspec.Struct, gc=False):
+    """One line of the file exporter: an OTLP ``ExportTraceServiceRequest``."""
+
+    resourceSpans: list[OtlpResourceSpans] | None = None
+
+
+_DECODER = msgspec.json.Decoder(OtlpExport, strict=False)
+
+
+class _BadJSON(Exception):
+    """A line that is not JSON (private: the caller decides between a warning and an error)."""
+
+
+def _decode(line: bytes, where: str) -> OtlpExport:
+    """One line → :class:`OtlpExport`; raises :class:`_BadJSON` for bad JSON and a one-line
+    :class:`RoofcalError` for JSON that is not an OTLP export object."""
+    try:
+        return _DECODER.decode(line)
+    except msgspec.ValidationError as err:
+        raise RoofcalError(f"{where}: expected an OTLP JSON object ({err})") from None
+    except msgspec.DecodeError:
+        raise _BadJSON from None
+
+
+def _value(v: OtlpAnyValue | None) -> Any:
+    """The Python value of one OTLP ``AnyValue`` (int, float, str, bool or raw array/kvlist/bytes
+    data), None if absent."""
+    if v is None:
         return None
-    x = v.get("intValue")
-    if x is not None:
-        return int(x)
-    x = v.get("doubleValue")
-    if x is not None:
-        return float(x)
-    x = v.get("stringValue")
+    x = v.intValue
     if x is not None:
         return x
-    for x in v.values():                        # boolValue, arrayValue, kvlistValue, bytesValue
+    x = v.doubleValue
+    if x is not None:
         return x
+    x = v.stringValue
+    if x is not None:
+        return x
+    for x in (v.boolValue, v.arrayValue, v.kvlistValue, v.bytesValue):
+        if x is not None:
+            return x
     return None
 
 
-def _raw_attrs(items) -> dict:
-    """OTLP ``[{key, value}]`` → ``{key: OTLP value object}`` (decoded later by :func:`_pick`)."""
-    return {a["key"]: a.get("value") for a in items} if items else {}
+def _attrs(items: list[OtlpKeyValue] | None) -> dict:
+    """OTLP ``[{key, value}]`` → ``{key: OtlpAnyValue}`` (decoded later by :func:`_value`)."""
+    return {a.key: a.value for a in items} if items else {}
 
 
 def _pick(raw: Mapping, name: str):
@@ -445,6 +524,9 @@ class _Counts:
         self.lines = self.events = self.truncated = self.unknown_scope = self.unknown_events = 0
 
 
+PROGRESS_BYTES = 1 << 20         #: progress callbacks come about this many bytes apart
+
+
 def _open(path: Path):
     """(raw file, line iterator) — gzip detected by its magic bytes."""
     try:
@@ -461,7 +543,9 @@ def _open(path: Path):
 
 
 def _lines(path: Path, counts: _Counts, progress: Callable[[int], None] | None):
-    """Yield (line number, parsed object); a bad last line is counted, any other one an error."""
+    """Yield (line number, :class:`OtlpExport`) of the non-blank lines; a bad last line is
+    counted, any other one an error. ``progress`` gets the (compressed) bytes read, every
+    :data:`PROGRESS_BYTES` or so and at the end."""
     raw, stream = _open(path)
     pending: str | None = None          # error of the previous line, raised if another follows
     pos = 0
@@ -477,7 +561,7 @@ def _lines(path: Path, counts: _Counts, progress: Callable[[int], None] | None):
             if not line:
                 break
             n += 1
-            if progress is not None:
+            if progress is not None and raw.tell() - pos >= PROGRESS_BYTES:
                 now = raw.tell()
                 progress(now - pos)
                 pos = now
@@ -487,18 +571,34 @@ def _lines(path: Path, counts: _Counts, progress: Callable[[int], None] | None):
                 raise RoofcalError(pending)
             counts.lines += 1
             try:
-                obj = _loads(line)
-            except _JSONError:
+                export = _decode(line, f"{path}:{n}")
+            except _BadJSON:
                 pending = f"{path}:{n}: bad JSON (not an OTLP JSON line)"
                 continue
-            if not isinstance(obj, dict):
-                raise RoofcalError(f"{path}:{n}: expected an OTLP JSON object")
-            yield n, obj
+            yield n, export
         if pending is not None:
             counts.truncated += 1
+        if progress is not None:
+            progress(raw.tell() - pos)
     finally:
         stream.close()
         raw.close()
+
+
+def _known_scope_spans(export: OtlpExport, counts: _Counts):
+    """Yield (scope name, role, span) for the spans with events of :data:`SCOPES`; spans of other
+    scopes are counted in ``counts.unknown_scope``."""
+    for rs in export.resourceSpans or ():
+        for ss in rs.scopeSpans or ():
+            scope = ss.scope.name if ss.scope is not None else ""
+            spans = ss.spans or ()
+            role = SCOPES.get(scope)
+            if role is None:
+                counts.unknown_scope += len(spans)
+                continue
+            for span in spans:
+                if span.events:
+                    yield scope, role, span
 
 
 def iter_events(path: str | os.PathLike, counts: _Counts | None = None,
@@ -506,62 +606,30 @@ def iter_events(path: str | os.PathLike, counts: _Counts | None = None,
     """Stream the span events of an OTLP JSON lines file (plain or gzip), line by line.
 
     Spans of scopes outside :data:`SCOPES` are counted in ``counts`` and skipped. ``progress`` is
-    called with the number of (compressed) bytes consumed after each line."""
+    called with the number of (compressed) bytes consumed, every :data:`PROGRESS_BYTES` or so."""
     path = Path(path)
     counts = counts if counts is not None else _Counts()
-    for n, obj in _lines(path, counts, progress):
+    for n, export in _lines(path, counts, progress):
         where = f"{path}:{n}"
-        for rs in obj.get("resourceSpans") or ():
-            for ss in rs.get("scopeSpans") or ():
-                scope = (ss.get("scope") or {}).get("name", "")
-                spans = ss.get("spans") or ()
-                if scope not in SCOPES:
-                    counts.unknown_scope += len(spans)
-                    continue
-                for span in spans:
-                    events = span.get("events")
-                    if not events:
-                        continue
-                    trace_id = span.get("traceId", "")
-                    rid = None
-                    if SCOPES[scope] != "step":
-                        rid = _pick(_raw_attrs(span.get("attributes")), "request_id")
-                    for ev in events:
-                        counts.events += 1
-                        yield TraceEvent(scope, ev.get("name", ""), int(ev.get("timeUnixNano") or 0),
-                                         _raw_attrs(ev.get("attributes")), trace_id, rid, where)
+        for scope, role, span in _known_scope_spans(export, counts):
+            rid = None if role == "step" else _pick(_attrs(span.attributes), "request_id")
+            for ev in span.events:
+                counts.events += 1
+                yield TraceEvent(scope, ev.name, ev.timeUnixNano, _attrs(ev.attributes),
+                                 span.traceId, rid, where)
 
 
 # ------------------------------------------------------------------------------ fast line parser
 #
-# :func:`read_trace` does not go through :class:`TraceEvent`: each line is turned straight into
-# small tuples (records) by :func:`_line_records`, which decodes only the attributes roofcal uses.
-# Lines are independent, so big files are parsed by worker processes in blocks of lines (see
-# :func:`_parsed_lines`); the records are merged in file order in the parent, so results, counts
-# and errors are the same as a one-process read.
-
-BLOCK_BYTES = 4 << 20            #: lines are parsed in blocks of about this many bytes
-PARALLEL_MIN_BYTES = 8 << 20     #: worker processes start once this much (uncompressed) was read
-MAX_WORKERS = 4                  #: at most this many parsing processes (default: the CPUs, ≤ this)
+# :func:`read_trace` does not go through :class:`TraceEvent`: each decoded line is added straight
+# to a :class:`_FileEvents` (step summaries, snapshots, journeys), decoding only the attributes
+# roofcal uses.
 
 _API_KINDS = frozenset(("ARRIVED", "HANDOFF_TO_CORE", "DEPARTED", "ABORTED"))
 _SUMMARY_KEYS = REQUIRED["BATCH_SUMMARY"] + ("prefill_tokens", "decode_tokens", "num_finished",
                                              "kv_usage", "kv_blocks_total", "kv_blocks_free")
-# records (tuples, cheap to build and to send between processes); see _line_records
-_SUMMARY, _SNAPSHOT, _API, _CORE = range(4)
 _SNAPSHOT_REQUIRED = REQUIRED["REQUEST_SNAPSHOT"]
 _SUMMARY_REQUIRED = REQUIRED["BATCH_SUMMARY"]
-_KEY_VALUE = operator.itemgetter("key", "value")
-
-
-def _attr_dict(items) -> dict:
-    """Like :func:`_raw_attrs`, with the common case (every item has ``key`` and ``value``) in C."""
-    if not items:
-        return {}
-    try:
-        return dict(map(_KEY_VALUE, items))
-    except (KeyError, TypeError):
-        return _raw_attrs(items)
 
 
 def _need(raw: Mapping, name: str, ev_name: str, where: str):
@@ -573,7 +641,7 @@ def _need(raw: Mapping, name: str, ev_name: str, where: str):
 
 
 def _monotonic_ns(raw: Mapping, ev_name: str, where: str) -> int:
-    """:meth:`TraceEvent.monotonic_ns` on a decoded-later attribute dict."""
+    """:meth:`TraceEvent.monotonic_ns` on an attribute dict."""
     ns = _pick(raw, "ts_ns")
     if ns is not None:
         return int(ns)
@@ -587,230 +655,112 @@ def _single_keys(names) -> list | None:
     return None if any(len(k) != 1 for k in keys) else [k[0] for k in keys]
 
 
-def _line_records(obj: dict, where: str) -> tuple[tuple[int, int, int], list]:
-    """One parsed line → ((events, unknown-scope spans, unknown events), records).
+_SNAPSHOT_KEYS = _single_keys(_SNAPSHOT_REQUIRED)
+_SUMMARY_ATTR_KEYS = _single_keys(_SUMMARY_KEYS)
 
-    Records, in event order: ``(_SUMMARY, values of _SUMMARY_KEYS)``,
-    ``(_SNAPSHOT, step, prompt, computed, scheduled)``, ``(_API, journey key, kind, ts_ns,
-    request id, where)`` and ``(_CORE, journey key, request id, where, core tuple)`` (the core
-    tuple of :class:`_Journey`). Missing attributes raise the same errors, in the same order, as
-    :func:`read_trace` did event by event."""
-    n_events = unknown_scope = unknown_events = 0
-    out: list = []
-    append = out.append
-    pick, value = _pick, _value
-    # the attributes of the frequent events, when none has an alias: one dict look-up each
-    snap_keys = _single_keys(_SNAPSHOT_REQUIRED)
-    summary_keys = _single_keys(_SUMMARY_KEYS)
-    for rs in obj.get("resourceSpans") or ():
-        for ss in rs.get("scopeSpans") or ():
-            scope = (ss.get("scope") or {}).get("name", "")
-            spans = ss.get("spans") or ()
-            role = SCOPES.get(scope)
-            if role is None:
-                unknown_scope += len(spans)
-                continue
-            for span in spans:
-                events = span.get("events")
-                if not events:
+
+def _picked(raw: dict, names: tuple, keys: list | None) -> list:
+    """The decoded values of roofcal's attribute ``names`` (None where absent); ``keys`` from
+    :func:`_single_keys` makes each a single look-up."""
+    if keys is None:
+        return [_pick(raw, k) for k in names]
+    get = raw.get
+    return [_value(get(k)) for k in keys]
+
+
+class _FileEvents:
+    """What the events of one file add up to (private): counts, step summaries by step id,
+    snapshots by step id (``(prompt, computed, scheduled)``) and journeys by journey key."""
+
+    def __init__(self):
+        self.counts = _Counts()
+        self.summaries: dict[int, dict] = {}
+        self.snapshots: dict[int, list] = {}
+        self.journeys: dict[str, _Journey] = {}
+        self.duplicates = 0
+
+    def add_line(self, export: OtlpExport, where: str) -> None:
+        """Add the events of one decoded line; missing attributes raise the one-line errors of
+        :meth:`TraceEvent.need`, in event order."""
+        counts = self.counts
+        for scope, role, span in _known_scope_spans(export, counts):
+            events = span.events
+            counts.events += len(events)
+            rid = None if role == "step" else _pick(_attrs(span.attributes), "request_id")
+            key = span.traceId or rid or where
+            for ev in events:
+                name = ev.name
+                kind = EVENTS.get(name)
+                if kind is None:
+                    counts.unknown_events += 1
                     continue
-                n_events += len(events)
-                trace_id = span.get("traceId", "")
-                rid = None
-                if role != "step":
-                    rid = pick(_attr_dict(span.get("attributes")), "request_id")
-                key = trace_id or rid or where
-                for ev in events:
-                    name = ev.get("name", "")
-                    kind = EVENTS.get(name)
-                    if kind is None:
-                        unknown_events += 1
-                        continue
-                    raw = _attr_dict(ev.get("attributes"))
-                    if kind == "REQUEST_SNAPSHOT":
-                        if snap_keys:
-                            get = raw.get
-                            vals = [value(get(k)) for k in snap_keys]
-                        else:
-                            vals = [pick(raw, k) for k in _SNAPSHOT_REQUIRED]
-                        if None in vals:
-                            for k in _SNAPSHOT_REQUIRED:
-                                _need(raw, k, name, where)
-                        step_id, prompt, computed, scheduled = vals
-                        append((_SNAPSHOT, int(step_id), int(prompt), int(computed),
-                                int(scheduled)))
-                    elif kind == "BATCH_SUMMARY":
-                        if summary_keys:
-                            get = raw.get
-                            vals = [value(get(k)) for k in summary_keys]
-                        else:
-                            vals = [pick(raw, k) for k in _SUMMARY_KEYS]
-                        for k, v in zip(_SUMMARY_REQUIRED, vals):
-                            if v is None:
-                                _need(raw, k, name, where)
-                        vals[0] = int(vals[0])
-                        append((_SUMMARY, tuple(vals)))
-                    elif scope == "vllm.api" or kind in _API_KINDS:
-                        append((_API, key, kind, _monotonic_ns(raw, name, where), rid, where))
-                    else:
-                        for k in REQUIRED[kind]:
-                            _need(raw, k, name, where)
-                        extra = {"num_preemptions": pick(raw, "num_preemptions"),
-                                 "finish_status": pick(raw, "finish_status"),
-                                 "schedule_kind": pick(raw, "schedule_kind")}
-                        append((_CORE, key, rid, where, (
-                            int(_need(raw, "scheduler_step", name, where)),
-                            _monotonic_ns(raw, name, where), kind, pick(raw, "prefill_done"),
-                            pick(raw, "prefill_total"), pick(raw, "decode_done"), extra)))
-    return (n_events, unknown_scope, unknown_events), out
+                raw = _attrs(ev.attributes)
+                if kind == "REQUEST_SNAPSHOT":
+                    self._add_snapshot(raw, name, where)
+                elif kind == "BATCH_SUMMARY":
+                    self._add_summary(raw, name, where)
+                elif scope == "vllm.api" or kind in _API_KINDS:
+                    self._add_api(raw, kind, name, key, rid, where)
+                else:
+                    self._add_core(raw, kind, name, key, rid, where)
 
+    def _add_snapshot(self, raw: dict, name: str, where: str) -> None:
+        """A ``step.REQUEST_SNAPSHOT``: ``(prompt, computed, scheduled)`` under its step id."""
+        vals = _picked(raw, _SNAPSHOT_REQUIRED, _SNAPSHOT_KEYS)
+        if None in vals:
+            for k in _SNAPSHOT_REQUIRED:
+                _need(raw, k, name, where)
+        step_id, prompt, computed, scheduled = vals
+        step_id, snap = int(step_id), (int(prompt), int(computed), int(scheduled))
+        snaps = self.snapshots.get(step_id)
+        if snaps is None:
+            self.snapshots[step_id] = [snap]
+        else:
+            snaps.append(snap)
 
-def _parse_block(path: str, lines: list) -> list:
-    """Parse ``[(line number, bytes), ...]`` (blank lines already dropped) → one result per line:
-    ``("ok", counts, records)``, ``("bad",)`` (bad JSON) or ``("exc", exception)`` — errors are
-    returned, not raised, so that the parent raises them in file order. Runs in the workers."""
-    out = []
-    for n, line in lines:
-        try:
-            obj = _loads(line)
-        except _JSONError:
-            out.append(("bad",))
-            continue
-        try:
-            if not isinstance(obj, dict):
-                raise RoofcalError(f"{path}:{n}: expected an OTLP JSON object")
-            out.append(("ok",) + _line_records(obj, f"{path}:{n}"))
-        except Exception as err:                    # noqa: BLE001 - re-raised in the parent
-            out.append(("exc", err))
-    return out
+    def _add_summary(self, raw: dict, name: str, where: str) -> None:
+        """A ``step.BATCH_SUMMARY``: ``{_SUMMARY_KEYS: value}`` under its step id (the first of a
+        duplicated id is kept, the others counted)."""
+        vals = _picked(raw, _SUMMARY_KEYS, _SUMMARY_ATTR_KEYS)
+        for k, v in zip(_SUMMARY_REQUIRED, vals):
+            if v is None:
+                _need(raw, k, name, where)
+        vals[0] = int(vals[0])
+        if vals[0] in self.summaries:
+            self.duplicates += 1
+        else:
+            self.summaries[vals[0]] = dict(zip(_SUMMARY_KEYS, vals))
 
+    def _journey(self, key: str, where: str) -> _Journey:
+        """The journey of ``key`` (created, located at ``where``, on its first event)."""
+        j = self.journeys.get(key)
+        if j is None:
+            j = self.journeys[key] = _Journey()
+            j.where = where
+        return j
 
-def _blocks(path: Path, progress: Callable[[int], None] | None):
-    """Yield blocks ``[(line number, bytes), ...]`` of non-blank lines, about :data:`BLOCK_BYTES`
-    each; the last item is ``None`` if the (gzip) stream ended mid-line (counted by the caller)."""
-    raw, stream = _open(path)
-    pos = 0
-    block, size, n = [], 0, 0
-    try:
-        while True:
-            try:
-                line = stream.readline()
-            except (EOFError, OSError, zlib.error):   # truncated/corrupt gzip tail
-                if block:
-                    yield block
-                block = None
-                break
-            if not line:
-                break
-            n += 1
-            if not line.strip():
-                continue
-            block.append((n, line))
-            size += len(line)
-            if size >= BLOCK_BYTES:
-                if progress is not None:
-                    now = raw.tell()
-                    progress(now - pos)
-                    pos = now
-                yield block
-                block, size = [], 0
-        if block:
-            yield block
-        if block is None:
-            yield None
-        if progress is not None:
-            now = raw.tell()
-            progress(now - pos)
-    finally:
-        stream.close()
-        raw.close()
+    def _add_api(self, raw: dict, kind: str, name: str, key: str, rid, where: str) -> None:
+        """An API event: its monotonic time (the first of each kind is kept)."""
+        ts = _monotonic_ns(raw, name, where)
+        j = self._journey(key, where)
+        j.api.setdefault(kind, ts)
+        j.request_id = j.request_id or rid
 
-
-def _workers() -> int:
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:                          # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, MAX_WORKERS))
-
-
-def _pool(workers: int):
-    """A pool of ``workers`` processes forked from a fresh fork server, or None where that is
-    unavailable (then one process). Not plain fork: the caller may run threads (JAX, which the
-    ``roofcal`` command line imports, does), and forking a threaded process can deadlock. As with
-    spawn, a script calling this needs an ``if __name__ == "__main__":`` guard."""
-    import multiprocessing
-    if "forkserver" not in multiprocessing.get_all_start_methods():   # pragma: no cover - not POSIX
-        return None
-    return multiprocessing.get_context("forkserver").Pool(workers)
-
-
-def _parsed_lines(path: Path, counts: _Counts, progress, workers: int | None):
-    """Yield (line number, records) in file order; bad JSON on the last line is counted, on any
-    other line a :class:`RoofcalError`.
-
-    Small files (< :data:`PARALLEL_MIN_BYTES`) or ``workers == 1`` are parsed here. Otherwise a
-    pool of ``workers`` forked processes (default: the CPUs, at most :data:`MAX_WORKERS`) parses
-    blocks while this process reads ahead at most 2 blocks per worker (bounded memory) and takes
-    the results back in order."""
-    workers = _workers() if workers is None else max(1, int(workers))
-    spath = str(path)
-    pool = None
-    inflight: collections.deque = collections.deque()
-    read = 0
-    pending: str | None = None
-    truncated_stream = False
-
-    def results():
-        nonlocal pool, read, truncated_stream, workers
-        for block in _blocks(path, progress):
-            if block is None:
-                truncated_stream = True
-                break
-            read += sum(len(x[1]) for x in block)
-            if pool is None and workers > 1 and read >= PARALLEL_MIN_BYTES:
-                pool = _pool(workers)
-                workers = workers if pool is not None else 1     # no fork: stay in-process
-            if pool is None:
-                while inflight:
-                    yield from inflight.popleft().get()
-                yield from zip(block, _parse_block(spath, block))
-                continue
-            inflight.append(_Ready(block, pool.apply_async(_parse_block, (spath, block))))
-            while len(inflight) > 2 * workers:
-                yield from inflight.popleft().get()
-        while inflight:
-            yield from inflight.popleft().get()
-
-    try:
-        for (n, _line), res in results():
-            if pending is not None:
-                raise RoofcalError(pending)
-            counts.lines += 1
-            if res[0] == "ok":
-                yield n, res[1], res[2]
-            elif res[0] == "bad":
-                pending = f"{path}:{n}: bad JSON (not an OTLP JSON line)"
-            else:
-                raise res[1]
-        if truncated_stream or pending is not None:
-            counts.truncated += 1
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-
-
-class _Ready:
-    """A block sent to a worker and its pending result (private)."""
-
-    __slots__ = ("block", "result")
-
-    def __init__(self, block, result):
-        self.block, self.result = block, result
-
-    def get(self):
-        return zip(self.block, self.result.get())
+    def _add_core(self, raw: dict, kind: str, name: str, key: str, rid, where: str) -> None:
+        """A journey (core) event: the core tuple of :class:`_Journey`; the core span's request
+        id wins over the API span's."""
+        for k in REQUIRED[kind]:
+            _need(raw, k, name, where)
+        extra = {"num_preemptions": _pick(raw, "num_preemptions"),
+                 "finish_status": _pick(raw, "finish_status"),
+                 "schedule_kind": _pick(raw, "schedule_kind")}
+        core = (int(_need(raw, "scheduler_step", name, where)), _monotonic_ns(raw, name, where),
+                kind, _pick(raw, "prefill_done"), _pick(raw, "prefill_total"),
+                _pick(raw, "decode_done"), extra)
+        j = self._journey(key, where)
+        if rid:
+            j.request_id = rid
+        j.core.append(core)
 
 
 # ------------------------------------------------------------------------------- one file
@@ -954,50 +904,20 @@ def _build_requests(source: str, journeys: dict) -> tuple[list[TraceRequest], in
 
 def read_trace(path: str | os.PathLike, warmup_steps: int = WARMUP_STEPS,
                max_preempted: int = MAX_PREEMPTED,
-               progress: Callable[[int], None] | None = None,
-               workers: int | None = None) -> TraceData:
+               progress: Callable[[int], None] | None = None) -> TraceData:
     """Read one OTLP JSON lines trace file (one vLLM run) into steps, requests and counts.
 
-    ``progress`` is called with the number of (compressed) bytes read, every few MB; ``workers``:
-    parsing processes for big files (default: the CPUs, at most :data:`MAX_WORKERS`; 1: none)."""
+    ``progress`` is called with the number of (compressed) bytes read, every
+    :data:`PROGRESS_BYTES` or so."""
     path = Path(path)
     source = str(path)
-    counts = _Counts()
-    summaries: dict[int, dict] = {}
-    snapshots: dict[int, list] = {}
-    journeys: dict[str, _Journey] = {}
-    duplicates = 0
-    for _n, (n_events, n_scope, n_unknown), records in _parsed_lines(path, counts, progress,
-                                                                      workers):
-        counts.events += n_events
-        counts.unknown_scope += n_scope
-        counts.unknown_events += n_unknown
-        for rec in records:
-            tag = rec[0]
-            if tag == _SNAPSHOT:
-                snaps = snapshots.get(rec[1])
-                if snaps is None:
-                    snaps = snapshots[rec[1]] = []
-                snaps.append(rec[2:])
-            elif tag == _SUMMARY:
-                vals = rec[1]
-                if vals[0] in summaries:
-                    duplicates += 1
-                else:
-                    summaries[vals[0]] = dict(zip(_SUMMARY_KEYS, vals))
-            else:
-                j = journeys.get(rec[1])
-                if j is None:
-                    j = journeys[rec[1]] = _Journey()
-                    j.where = rec[-1] if tag == _API else rec[3]
-                if tag == _API:
-                    j.api.setdefault(rec[2], rec[3])
-                    j.request_id = j.request_id or rec[4]
-                else:
-                    if rec[2]:
-                        j.request_id = rec[2]       # the core span's id wins
-                    j.core.append(rec[4])
-    steps, stats = _build_steps(source, summaries, snapshots, journeys, warmup_steps, max_preempted)
+    acc = _FileEvents()
+    for n, export in _lines(path, acc.counts, progress):
+        acc.add_line(export, f"{path}:{n}")
+    counts, summaries, journeys = acc.counts, acc.summaries, acc.journeys
+    duplicates = acc.duplicates
+    steps, stats = _build_steps(source, summaries, acc.snapshots, journeys, warmup_steps,
+                                max_preempted)
     requests, backwards = _build_requests(source, journeys)
     referenced = {e[0] for j in journeys.values() for e in j.core}
     missing = len(referenced - set(summaries))
@@ -1064,12 +984,11 @@ def _build_steps(source, summaries, snapshots, journeys, warmup_steps, max_preem
 
 def read_traces(paths: Iterable[str | os.PathLike], warmup_steps: int = WARMUP_STEPS,
                 max_preempted: int = MAX_PREEMPTED,
-                progress: Callable[[int], None] | None = None,
-                workers: int | None = None) -> TraceData:
+                progress: Callable[[int], None] | None = None) -> TraceData:
     """Read several trace files (each its own run) and concatenate their steps and requests."""
     steps, requests, summary = [], [], TraceSummary()
     for p in paths:
-        d = read_trace(p, warmup_steps, max_preempted, progress, workers)
+        d = read_trace(p, warmup_steps, max_preempted, progress)
         steps.extend(d.steps)
         requests.extend(d.requests)
         summary = summary + d.summary

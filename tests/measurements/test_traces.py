@@ -293,21 +293,58 @@ def test_cli_writes_outputs(tmp_path, capsys):
     assert (tmp_path / "s.context.csv").exists() and len(pd.read_csv(tmp_path / "r.csv")) == 6
 
 
-def test_parallel_parsing_gives_the_same_results_and_errors(tmp_path, monkeypatch):
-    # tiny blocks, workers from the first block: every line goes through a worker process
-    monkeypatch.setattr(tr, "BLOCK_BYTES", 1)
-    monkeypatch.setattr(tr, "PARALLEL_MIN_BYTES", 0)
+def test_blank_lines_and_errors_in_file_order(tmp_path):
     lines = good_lines() + [_line(("some.other.lib", [_span("x", [summary(1, 99, 1)])]))]
     p = write(tmp_path, lines[:1] + [""] + lines[1:] + [lines[2][:57]])      # blank + truncated
-    one, two = tr.read_trace(p, workers=1), tr.read_trace(p, workers=2)
-    assert one == two and one.summary.truncated_lines == 1 and one.summary.unknown_scope_spans == 1
-    assert {s.step_id: ([tuple(c) for c in s.prefill], list(s.decode)) for s in two.steps} == EXPECTED
-    assert [r.request_id for r in two.requests] == ["cmpl-A-0", "cmpl-B-0", "cmpl-C-0"]
+    d = tr.read_trace(p)
+    assert d.summary.truncated_lines == 1 and d.summary.unknown_scope_spans == 1
+    assert d.summary.lines == 5                                 # non-blank, the cut one too
+    assert {s.step_id: ([tuple(c) for c in s.prefill], list(s.decode)) for s in d.steps} == EXPECTED
+    assert [r.request_id for r in d.requests] == ["cmpl-A-0", "cmpl-B-0", "cmpl-C-0"]
     bad = summary(8, 1, 1, start=STARTS[6] + 10**9)
     bad["attributes"] = [a for a in bad["attributes"] if a["key"] != "step.duration_us"]
     p = write(tmp_path, good_lines() + [lines[1][:40], _line(("vllm.scheduler.step", [_span("s", [bad])]))])
     with pytest.raises(RoofcalError, match=r"traces\.json:4: bad JSON"):      # first error in file order
-        tr.read_trace(p, workers=2)
+        tr.read_trace(p)
     p = write(tmp_path, good_lines() + [_line(("vllm.scheduler.step", [_span("s", [bad])])), "[1]"])
     with pytest.raises(RoofcalError, match=r":4: event 'step.BATCH_SUMMARY' has no attribute"):
-        tr.read_trace(p, workers=2)
+        tr.read_trace(p)
+
+
+def test_json_that_does_not_fit_otlp_is_a_one_line_error(tmp_path):
+    p = write(tmp_path, good_lines() + ["[1]"])                     # even on the last line
+    with pytest.raises(RoofcalError, match=r"traces\.json:4: expected an OTLP JSON object"):
+        tr.read_trace(p)
+    ev = summary(8, 1, 1, start=STARTS[6] + 10**9)
+    ev["attributes"][0]["value"] = "8"                             # not an AnyValue object
+    p = write(tmp_path, [_line(("vllm.scheduler.step", [_span("s", [ev])]))] + good_lines())
+    with pytest.raises(RoofcalError, match=r"traces\.json:1: expected an OTLP JSON object .*"
+                                           r"\$\.resourceSpans\[0\]\.scopeSpans\[0\]\.spans"):
+        tr.read_trace(p)
+
+
+def test_iter_events_decodes_otlp_values(tmp_path):
+    ev = _event("step.BATCH_SUMMARY", {"step.id": 3, "kv.usage_gpu_ratio": 0.5, "x.flag": True,
+                                       "x.name": "n"}, t=1700000000123456789)
+    ev["attributes"] += [{"key": "x.list", "value": {"arrayValue": {"values": []}}},
+                         {"key": "x.number", "value": {"intValue": 7}},        # number, not string
+                         {"key": "x.nan", "value": {"doubleValue": "NaN"}},
+                         {"key": "x.none"}]
+    p = write(tmp_path, [_line(("vllm.scheduler.step", [_span("s", [ev], "t9")]))])
+    (got,) = tr.iter_events(p)
+    attrs = got.attributes
+    assert (got.scope, got.name, got.kind, got.time_ns, got.trace_id, got.where) == (
+        "vllm.scheduler.step", "step.BATCH_SUMMARY", "BATCH_SUMMARY", 1700000000123456789, "t9",
+        f"{p}:1")
+    assert attrs["x.nan"] != attrs["x.nan"]
+    del attrs["x.nan"]
+    assert attrs == {"step.id": 3, "kv.usage_gpu_ratio": 0.5, "x.flag": True, "x.name": "n",
+                     "x.list": {"values": []}, "x.number": 7, "x.none": None}
+    assert got.get("step_id") == 3 and got.need("kv_usage") == 0.5
+
+
+def test_progress_reports_every_byte(tmp_path):
+    p = write(tmp_path, good_lines())
+    seen = []
+    tr.read_trace(p, progress=seen.append)
+    assert sum(seen) == p.stat().st_size
