@@ -43,6 +43,7 @@ from roofcal.blis.basis import (
     combine_basis,
     effective_beta,
 )
+from roofcal.blis import FIT_DEFAULTS
 from roofcal.blis.config import BlisModel, blis_model_from_dict, read_config_json
 from roofcal.blis.sampling import (
     SamplerSettings,
@@ -107,10 +108,10 @@ class Deployment:
 class BlisFitSettings:
     """Settings of a BLIS-form fit; all recorded in the output's provenance."""
 
-    seed: int = 0
-    holdout: float = 0.2  # fraction of sampled steps (and of measured configurations) held out
-    samples: int = 3000  # distillation steps per deployment (0: no distillation)
-    iters: int = 300  # L-BFGS iterations
+    seed: int = FIT_DEFAULTS["seed"]
+    holdout: float = FIT_DEFAULTS["holdout"]  # fraction of sampled steps (and of measured configurations) held out
+    samples: int = FIT_DEFAULTS["samples"]  # distillation steps per deployment (0: no distillation)
+    iters: int = FIT_DEFAULTS["iters"]  # L-BFGS iterations
     prior_rows: float = 1e-3  # κ: pseudo-rows holding each β at its input value (a tie-breaker)
     sampler: SamplerSettings = SamplerSettings()
 

@@ -61,15 +61,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import yaml
 
+from roofcal.blis import ARRIVALS, PROMPTS       # replay modes (see the module docstring)
 from roofcal.errors import RoofcalError
 from roofcal.measurements.workload import Experiment
 
 #: environment variable naming the BLIS binary when ``--blis`` is not given
 BLIS_ENV = "ROOFCAL_BLIS"
-#: arrival modes of the replay (see the module docstring)
-ARRIVALS = ("open", "closed")
-#: how prompts are replayed (see the module docstring)
-PROMPTS = ("pool", "fresh")
 #: the GPU of every measured run (an entry of ``hardware_config.json``)
 GPU = "H100"
 #: BLIS's CPU-tier flags: tier off; threshold and bandwidth as the validation adapter passes them

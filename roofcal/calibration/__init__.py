@@ -5,3 +5,7 @@ Out: a fitted :class:`~roofcal.model.coeffs.Coefficients` with held-out metrics 
 Open first: ``fit.py``; its loss is ``loss.py``, its optimisers ``optim.py``; ``workload.py`` fits
 a serving stack to measured serving runs with BLIS in the loop.
 """
+
+#: defaults of :class:`.workload.WorkloadSettings` the command line shows (kept here so it need
+#: not import JAX to show them)
+WORKLOAD_DEFAULTS = {"refreshes": 4, "samples": 800}

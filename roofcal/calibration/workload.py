@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from roofcal.calibration import WORKLOAD_DEFAULTS
 from roofcal.errors import RoofcalError
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
@@ -75,10 +76,10 @@ DELTA_CAP = 1.5
 class WorkloadSettings:
     """Settings of a workload calibration; all recorded in the stack's provenance."""
 
-    refreshes: int = 4            # BLIS runs of every experiment (the loop's outer iterations)
+    refreshes: int = WORKLOAD_DEFAULTS["refreshes"]   # BLIS runs of every experiment (outer iterations)
     lm_iters: int = 40            # Levenberg–Marquardt iterations per refresh
     prior_weight: float = 0.05    # pseudo-runs holding each log θ at its prior centre
-    samples: int = 800            # distillation steps per deployment
+    samples: int = WORKLOAD_DEFAULTS["samples"]       # distillation steps per deployment
     seed: int = 0
     trust: float = 1.0            # pseudo-runs holding θ near the last BLIS refresh (after the first)
 

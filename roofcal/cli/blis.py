@@ -143,10 +143,11 @@ def cmd_export_hardware(a) -> None:
 
 
 def _fit_options(s) -> None:
+    from types import SimpleNamespace
     from roofcal import resources
-    from roofcal.blis.fit import BlisFitSettings
+    from roofcal.blis import FIT_DEFAULTS
 
-    d = BlisFitSettings()
+    d = SimpleNamespace(**FIT_DEFAULTS)          # BlisFitSettings' defaults, without importing JAX
 
     s.add_argument("--model", action="append", help="model to distil for, at every --tp, or NAME:TP[,TP...] "
                    "(repeatable; default: the coefficient file's fit.deployments)")

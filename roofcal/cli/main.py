@@ -23,11 +23,17 @@ def enable_compilation_cache() -> None:
         return
     try:
         os.makedirs(where, exist_ok=True)
-        import jax
-        jax.config.update("jax_compilation_cache_dir", os.path.join(where, "jax"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     except OSError:
-        pass                                   # read-only home: run without the cache
+        return                                 # read-only home: run without the cache
+    settings = {"jax_compilation_cache_dir": os.path.join(where, "jax"),
+                "jax_persistent_cache_min_compile_time_secs": 0.2}
+    if "jax" in sys.modules:                   # already imported (roofcal called in-process)
+        import jax
+        for k, v in settings.items():
+            jax.config.update(k, v)
+    else:                                      # read by JAX when (and if) a command imports it
+        for k, v in settings.items():
+            os.environ.setdefault(k.upper(), str(v))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -107,7 +107,7 @@ def cmd_lomo(a) -> None:
 
 
 def _replay_options(s) -> None:
-    from roofcal.blis.run import ARRIVALS, PROMPTS
+    from roofcal.blis import ARRIVALS, PROMPTS
     from roofcal.resources import BLIS_DEFAULTS, BLIS_HARDWARE
     s.add_argument("experiments", nargs="+", metavar="EXP",
                    help="experiment folder (exp-config.yaml, profile.yaml, results/) or a folder of them")
@@ -135,8 +135,9 @@ def _replay_options(s) -> None:
 
 
 def _calibration_options(s) -> None:
-    from roofcal.calibration.workload import WorkloadSettings
-    d = WorkloadSettings()
+    from types import SimpleNamespace
+    from roofcal.calibration import WORKLOAD_DEFAULTS
+    d = SimpleNamespace(**WORKLOAD_DEFAULTS)     # WorkloadSettings' defaults, without importing JAX
     _replay_options(s)
     s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its kernel corrections are kept)")
     s.add_argument("--refreshes", type=int, default=d.refreshes,
