@@ -8,9 +8,10 @@ Prints (and with ``--out`` writes as Markdown):
 2. whole steps: held-out configurations of the default H100 fit, and TP transfer on the
    splitwise table (fit the step level on TP 4, predict TP 8, and the reverse), plus the
    staged-versus-joint comparison that justifies freezing kernels in stage 2;
-3. wall time of the default ``roofcal fit`` (cold: no compilation cache) and prediction
-   throughput once compiled;
-4. zero-shot and few-shot transfer between GPUs (:mod:`roofcal.bench.transfer`).
+3. coverage of the 80 % prediction bands (:mod:`roofcal.bench.intervals`);
+4. wall time of the default ``roofcal fit`` (cold: no compilation cache) and prediction
+   throughput once compiled, with and without bands and flags;
+5. zero-shot and few-shot transfer between GPUs (:mod:`roofcal.bench.transfer`).
 """
 
 from __future__ import annotations
@@ -137,21 +138,31 @@ def staged_vs_joint(result, m) -> list[dict]:
     return rows
 
 
-def throughput(coeffs, steps: int = 1_000_000) -> dict:
-    """Predicted steps per second once compiled (Llama-2-70B, TP 4; up to 2 prefill chunks and
-    16 decodes per step)."""
-    import jax
-    from roofcal.physics.config import load_model
-    from roofcal.physics.hardware import load_gpu
-    from roofcal.model.combine import step_time
+def random_batch(steps: int, seed: int = 0):
+    """(StepBatch, phase per step) of ``steps`` random steps: up to 2 prefill chunks (each
+    present with probability 0.3, 1–2047 new over 0–4095 cached tokens) and 16 decodes (each
+    present with probability 0.7, context 1–8191)."""
     from roofcal.physics.steps import StepBatch
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     P, D = 2, 16
     pm = (rng.random((steps, P)) < 0.3).astype(np.float32)
     batch = StepBatch(rng.integers(1, 2048, (steps, P)).astype(np.float32) * pm,
                       rng.integers(0, 4096, (steps, P)).astype(np.float32) * pm, pm,
                       rng.integers(1, 8192, (steps, D)).astype(np.float32),
                       (rng.random((steps, D)) < 0.7).astype(np.float32))
+    has_p, has_d = pm.any(1), np.asarray(batch.decode_mask).any(1)
+    phase = np.where(has_p & has_d, "mixed", np.where(has_p, "prefill",
+                     np.where(has_d, "decode", "empty"))).astype(object)
+    return batch, phase
+
+
+def throughput(coeffs, steps: int = 1_000_000) -> dict:
+    """Predicted steps per second once compiled (Llama-2-70B, TP 4; :func:`random_batch`)."""
+    import jax
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.model.combine import step_time
+    batch, _ = random_batch(steps)
     model, gpu = load_model("llama-2-70b-hf"), load_gpu("h100_sxm")
     f = jax.jit(step_time, static_argnames=("model", "gpu", "tp"))
     t0 = time.time()
@@ -202,6 +213,9 @@ def run(out: str | None = None, transfer: bool = True) -> str:
          table(staged_vs_joint(h100, h100_m), ["stage 2", "steps/prefill %", "steps/decode %",
                                                 "gemm/bf16 %", "attn_decode/bf16 %",
                                                 "allreduce/custom %"]))
+    from roofcal.bench import intervals as interval_bench
+    for title, body in interval_bench.report(h100, h100_m, a100, a100_m):
+        emit(title, body)
     tp = throughput(h100.coeffs)
     emit("Prediction throughput (CPU, once compiled)",
          table([{**tp, "target": "1e6 steps/s",

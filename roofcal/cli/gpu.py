@@ -86,6 +86,15 @@ def cmd_gpu_bootstrap(a) -> None:
         print(f"  - {n}")
 
 
+def cmd_gpu_transfer_bands(a) -> None:
+    from roofcal.transfer import bands
+    doc = bands.measure(a.h100, a.a100)
+    bands.write(doc, a.out)
+    print(f"wrote {a.out}: 80 % zero-shot bands per kernel kind (H100 <-> A100, rule {doc['rule']})")
+    for kind, b in doc["bands"].items():
+        print(f"  {kind:13s} x{b['p10']:.3f} .. x{b['p90']:.3f}  ({b['n']} rows)")
+
+
 def cmd_whatif(a) -> None:
     from roofcal.io import write_csv_atomic
     from roofcal.tables import table
@@ -118,8 +127,8 @@ def cmd_whatif(a) -> None:
 
 
 def register(sub) -> None:
-    """Add ``gpu`` (list, show, bootstrap) and ``whatif`` to the ``roofcal`` subcommands."""
-    from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES
+    """Add ``gpu`` (list, show, bootstrap, transfer-bands) and ``whatif`` to the ``roofcal`` subcommands."""
+    from roofcal.transfer import DEFAULT_RULE, RULES
     g = sub.add_parser("gpu", help="GPU datasheets: list, show, bootstrap coefficients")
     gs = g.add_subparsers(dest="gpu_command", required=True)
     s = gs.add_parser("list", help="bundled datasheets with their sources")
@@ -136,6 +145,14 @@ def register(sub) -> None:
                         f"roofcal/transfer/bootstrap.py)")
     s.add_argument("--out", required=True, help="coefficient file to write")
     s.set_defaults(func=cmd_gpu_bootstrap)
+    from roofcal.resources import COEFFS
+    s = gs.add_parser("transfer-bands", help="measure the zero-shot error bands bootstraps carry "
+                                             "(H100 <-> A100 fits on the bundled per-op rows)")
+    s.add_argument("--h100", help="H100 coefficient file (default coeffs/h100_sxm.yaml)")
+    s.add_argument("--a100", help="A100 coefficient file (default coeffs/a100_sxm.yaml)")
+    s.add_argument("--out", default=str(COEFFS / "transfer_bands.yaml"),
+                   help="file to write (default the shipped one, coeffs/transfer_bands.yaml)")
+    s.set_defaults(func=cmd_gpu_transfer_bands)
 
     s = sub.add_parser("whatif", help="step times on a changed datasheet, and sensitivities")
     s.add_argument("--steps", required=True, help="step JSONL file")

@@ -30,12 +30,17 @@ Every predicted row (a whole step, or one per-op row) carries these columns:
 Distances below :data:`TOLERANCE` are 0: a file stores its ranges to 6 significant digits and
 the model reads them back as float32.
 
-Everything here is NumPy, vectorised over rows, and runs outside the jitted
-:func:`~roofcal.model.combine.step_breakdown`, so the prediction's hot path is unchanged.
+Everything here is vectorised over rows: the numbers behind the step flags come from one jitted
+call per deployment (:func:`step_numeric`), beside :func:`~roofcal.model.combine.step_breakdown`,
+so the prediction's hot path is unchanged.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
@@ -101,29 +106,52 @@ def op_shape_flags(ops: dict, kind: str, variant: str, z) -> dict:
     return {"ood_shape": d, "ood_what": what, "no_kernel_data": np.full(n, missing)}
 
 
-def step_shape_flags(ops: dict, calls: dict, rows: int) -> dict:
-    """``ood_shape``, ``ood_what``, ``no_kernel_data`` of steps from their kernel calls
-    (:func:`roofcal.physics.decompose.step_ops` on NumPy totals). Calls without work in a step
-    (no decode in a prefill step, …) are ignored for that step. Descriptors that are constants of
-    the model (head counts, GEMM widths) are checked once, and only descriptors outside their
-    range in some step become columns of the (rows × columns) distance matrix."""
-    cols, labels = [], []
-    missing = np.zeros(rows, bool)
+def _shape_columns(ops: dict, calls: dict, xp):
+    """(labels, distances, missing) of steps' kernel calls: one (S,) distance in log2 units per
+    descriptor of a call with fitted parameters (0 where the call does no work in a step), and
+    whether a measurable call without parameters of its own does work (S,)."""
+    labels, cols, missing = [], [], 0.0
     for name, call in calls.items():
         w = call.work
-        active = ((np.asarray(w.flops) + np.asarray(w.bytes)) > 0) & (call.count > 0)
+        active = ((w.flops + w.bytes) > 0) & (call.count > 0)
         key, p = K.lookup(ops, call.kind, call.variant)
-        missing |= active & (call.kind in MEASURED_KINDS and K.op_key(call.kind, call.variant) not in ops)
+        if call.kind in MEASURED_KINDS and K.op_key(call.kind, call.variant) not in ops:
+            missing = missing + active * 1.0
         if key not in ops:
             continue
-        low, high = log2_bounds(call.kind, p)
+        k = K.OP_KINDS[call.kind]
+        low = p["lo"] * xp.asarray(k.scale, xp.float32) + xp.asarray(k.center, xp.float32)
+        high = p["hi"] * xp.asarray(k.scale, xp.float32) + xp.asarray(k.center, xp.float32)
         for j, x in enumerate(w.shape):
-            d = excess(np.log2(1.0 + np.asarray(x, np.float64)), low[j], high[j]) * active
-            if np.any(d):
-                cols.append(np.broadcast_to(d, (rows,)))
-                labels.append(f"{name}.{K.OP_KINDS[call.kind].descriptors[j]}")
-    d, what = worst(np.stack(cols, axis=1) if cols else np.zeros((rows, 0)), labels)
-    return {"ood_shape": d, "ood_what": what, "no_kernel_data": missing}
+            u = xp.log2(1.0 + xp.asarray(x, xp.float32))
+            d = xp.maximum(xp.maximum(u - high[j], low[j] - u), 0.0)
+            cols.append(d * active)
+            labels.append(f"{name}.{k.descriptors[j]}")
+    return labels, cols, missing
+
+
+#: labels of the distance columns of :func:`step_numeric`, per traced structure
+_LABELS: dict = {}
+
+
+@partial(jax.jit, static_argnames=("model", "tp"))
+def step_numeric(ops: dict, model, tp: int, batch: StepBatch):
+    """Jitted numbers behind the step flags: (largest shape distance, its column index,
+    no-kernel-data count, longest sequence in tokens, the :class:`StepTotals`), each (S,).
+    The column labels land in :data:`_LABELS` while tracing."""
+    t = step_totals(batch, jnp)
+    labels, cols, missing = _shape_columns(ops, step_ops(model, tp, t), jnp)
+    _LABELS[(model, tp, jax.tree_util.tree_structure(ops))] = labels
+    rows = batch.prefill_new.shape[0]
+    best, arg = jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.int32)
+    for j, c in enumerate(cols):                 # running (max, argmax): no (S, columns) matrix
+        c = jnp.broadcast_to(c, (rows,))
+        arg = jnp.where(c > best, j, arg)
+        best = jnp.maximum(best, c)
+    pf = jnp.max((batch.prefill_cached + batch.prefill_new) * (batch.prefill_mask > 0), axis=1,
+                 initial=0.0)
+    dc = jnp.max(jnp.where(batch.decode_mask > 0, batch.decode_ctx + 1.0, 0.0), axis=1, initial=0.0)
+    return best, arg, jnp.broadcast_to(missing, (rows,)), jnp.maximum(pf, dc), t
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,17 +165,6 @@ def context_limit(model) -> int:
         if v > 0:
             return v
     return 0
-
-
-def max_context(batch: StepBatch) -> np.ndarray:
-    """Longest sequence of each step in tokens: cached + new of a prefill chunk, context + 1 of a
-    decode (the position of the token computed); 0 for an empty step. Token counts are exact in
-    the batch's float32 up to 2^24 (16.7M), beyond every model's context limit."""
-    pf = np.max(np.asarray(batch.prefill_cached) + np.asarray(batch.prefill_new), axis=1,
-                where=np.asarray(batch.prefill_mask) > 0, initial=0.0)
-    dc = np.max(np.asarray(batch.decode_ctx), axis=1, where=np.asarray(batch.decode_mask) > 0,
-                initial=-1.0)
-    return np.maximum(pf.astype(np.float64), dc.astype(np.float64) + 1.0)
 
 
 def fits_memory(model, gpu, tp: int, totals) -> np.ndarray:
@@ -179,18 +196,25 @@ def zero_shot(c, steps: bool = True) -> bool:
 # --------------------------------------------------------------------------------------------
 # all flags
 
-def step_flags(c, model, gpu, tp: int, batch: StepBatch) -> dict:
+def step_flags(c, model, gpu, tp: int, batch: StepBatch, numeric=None) -> dict:
     """Every column of :data:`STEP_FLAGS` for the steps of one deployment, as arrays of shape
-    (S,); ``c`` the coefficients used (their ``params["ops"]`` and provenance)."""
-    t = step_totals(batch, np)     # float32 sums: exact up to 2^24 tokens per step
+    (S,); ``c`` the coefficients used (their ``params["ops"]`` and provenance). The numbers come
+    from one jitted call (:func:`step_numeric`, or ``numeric``: its output when already
+    computed); token sums are float32, exact up to 2^24 tokens per step."""
+    ops = c.params["ops"]
+    numeric = step_numeric(ops, model, tp, batch) if numeric is None else numeric
+    dist, arg, missing, longest, totals = jax.tree_util.tree_map(np.asarray, numeric)
+    labels = _LABELS[(model, tp, jax.tree_util.tree_structure(ops))]
+    dist = np.where(dist > TOLERANCE, dist.astype(np.float64), 0.0)
+    what = np.asarray(labels + [""], object)[np.where(dist > 0, arg, len(labels))] if labels \
+        else np.full(len(dist), "", object)
     rows = batch.num_steps
-    out = step_shape_flags(c.params["ops"], step_ops(model, tp, t), rows)
     limit = context_limit(model)
-    return {"ood_shape": out["ood_shape"], "ood_what": out["ood_what"],
-            "ood_context": max_context(batch) > limit if limit else np.zeros(rows, bool),
-            "fits_memory": fits_memory(model, gpu, tp, t),
+    return {"ood_shape": dist, "ood_what": what,
+            "ood_context": longest > limit if limit else np.zeros(rows, bool),
+            "fits_memory": fits_memory(model, gpu, tp, totals),
             "zero_shot": np.full(rows, zero_shot(c, steps=True)),
-            "no_kernel_data": out["no_kernel_data"]}
+            "no_kernel_data": missing > 0}
 
 
 def summary(df: pd.DataFrame, unit: str = "steps") -> str:

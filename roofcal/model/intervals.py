@@ -38,6 +38,8 @@ REGIMES = ("compute", "memory")
 ALL = "all"
 #: step phases a stack band can have; a mixed step takes the union of both
 PHASES = ("prefill", "decode")
+#: ``interval_basis`` values: what a step band is made of (see :func:`step_interval`)
+BASES = ("steps+kernels", "kernels", "kernels (partial)", "none")
 #: kernel kinds with per-op measurements (bands); the rest have none
 MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
 
@@ -112,19 +114,16 @@ def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred) -> tuple[np.
     return lo, hi
 
 
-def stack_band(stack_bands: dict, phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(p10, p90) ratios per step from a stack's phase bands; a mixed step takes the union of the
-    prefill and decode bands; NaN where the stack has none for the phase."""
-    phase = np.asarray(phase, object)
-    lo, hi = np.full(phase.shape, np.nan), np.full(phase.shape, np.nan)
-    mixed = None
-    for p in PHASES:
-        b = stack_bands.get(p)
+def stack_band(stack_bands: dict, has_prefill, has_decode) -> tuple[np.ndarray, np.ndarray]:
+    """(p10, p90) ratios per step from a stack's phase bands, by whether a step has prefill
+    chunks and decodes (bool arrays (S,)); a mixed step takes the union of the prefill and decode
+    bands; NaN where the stack has none for the phase."""
+    pf, dc = np.asarray(has_prefill, bool), np.asarray(has_decode, bool)
+    lo, hi = np.full(pf.shape, np.nan), np.full(pf.shape, np.nan)
+    pb, db = stack_bands.get("prefill"), stack_bands.get("decode")
+    for sel, b in ((pf & ~dc, pb), (dc & ~pf, db), (pf & dc, pb.union(db) if pb and db else None)):
         if b is not None:
-            lo[phase == p], hi[phase == p] = b.p10, b.p90
-            mixed = b.union(mixed)
-    if mixed is not None and len(stack_bands) == len(PHASES):
-        lo[phase == "mixed"], hi[phase == "mixed"] = mixed.p10, mixed.p90
+            lo[sel], hi[sel] = b.p10, b.p90
     return lo, hi
 
 
@@ -156,23 +155,23 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total) -> tuple[
     return np.maximum(lo, 0.0), hi, covered
 
 
-def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, phase):
-    """(p10 µs, p90 µs, basis) of whole steps: the union of the stack's phase band and the
-    kernels' band (:func:`kernel_step_interval`). ``basis`` per step: ``steps+kernels`` when the
+def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, totals):
+    """(p10 µs, p90 µs, basis) of whole steps: the union of the stack's phase band (phase from
+    the :class:`~roofcal.physics.steps.StepTotals` ``totals``) and the kernels' band
+    (:func:`kernel_step_interval`). ``basis`` per step: ``steps+kernels`` when the
     stack had a band for the phase, ``kernels`` when only kernels did (the stack's own error is
     not in it), ``kernels (partial)`` when some kernel time had no band, ``none`` when nothing
     had."""
     total = np.asarray(total, np.float64)
     klo, khi, covered = kernel_step_interval(bands, calls, parts, total)
-    slo, shi = stack_band(stack_bands, phase)
+    slo, shi = stack_band(stack_bands, np.asarray(totals.n_prefill) > 0, np.asarray(totals.n_decode) > 0)
     has_stack = np.isfinite(slo)
     lo = np.where(has_stack, np.minimum(klo, total * np.where(has_stack, slo, 1.0)), klo)
     hi = np.where(has_stack, np.maximum(khi, total * np.where(has_stack, shi, 1.0)), khi)
-    kernels_any = covered > 0
-    none = ~has_stack & ((klo == khi) | ~kernels_any)
-    basis = np.where(has_stack, "steps+kernels",
-                     np.where(covered < 1.0, "kernels (partial)", "kernels")).astype(object)
-    basis[none] = "none"
+    none = ~has_stack & ((klo == khi) | (covered <= 0))
+    code = np.where(has_stack, 0, np.where(covered < 1.0, 2, 1))
+    code[none] = 3
+    basis = np.asarray(BASES, object)[code]
     lo[none], hi[none] = np.nan, np.nan
     return lo, hi, basis
 

@@ -23,7 +23,7 @@ from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
 from roofcal.physics.decompose import step_ops
-from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps, step_totals
+from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps
 
 
 def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False):
@@ -69,6 +69,14 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
         .reset_index(drop=True)
 
 
+@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+def step_outputs(params: dict, model, gpu, tp: int, batch):
+    """One compiled call for :func:`predict`: (:func:`~roofcal.model.combine.step_breakdown`,
+    :func:`~roofcal.model.domain.step_numeric`) of a batch — the times and the numbers behind
+    the flags, with the step totals last."""
+    return step_breakdown(params, model, gpu, tp, batch), domain.step_numeric(params["ops"], model, tp, batch)
+
+
 #: leading columns of :func:`predict`, in order (``measured_us`` only when given)
 FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "predicted_us", "p10_us",
          "p90_us", "interval_basis")
@@ -94,19 +102,19 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     :mod:`roofcal.model.domain`).
     """
     def one(c, spec, gspec, t, batch, recs):
-        out = {k: np.asarray(v, np.float64) for k, v in
-               step_breakdown(c.params, spec, gspec, t, batch).items()}
+        parts, numeric = step_outputs(c.params, spec, gspec, t, batch)
+        out = {k: np.asarray(v, np.float64) for k, v in parts.items()}
+        totals = jax.tree_util.tree_map(np.asarray, numeric[-1])
         df = pd.DataFrame(index=range(len(recs)))
         if any(r.duration_us is not None for r in recs):
             df["measured_us"] = [np.nan if r.duration_us is None else r.duration_us for r in recs]
         df["predicted_us"] = out["total"]
-        calls = step_ops(spec, t, step_totals(batch, np))
         df["p10_us"], df["p90_us"], df["interval_basis"] = intervals.step_interval(
-            c.op_bands, c.stack_bands, calls, out, out["total"], [r.phase for r in recs])
+            c.op_bands, c.stack_bands, step_ops(spec, t, totals), out, out["total"], totals)
         for name in sorted(k for k in out if k not in NON_COMPONENT):
             df[f"{name}_us"] = out[name]
         df["flops"], df["bytes"] = out["flops"], out["bytes"]
-        for name, v in domain.step_flags(c, spec, gspec, t, batch).items():
+        for name, v in domain.step_flags(c, spec, gspec, t, batch, numeric).items():
             df[name] = v
         return df
 

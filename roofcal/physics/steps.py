@@ -184,6 +184,7 @@ def uniform_steps(num_prefill, prefill_len, prefill_cached, num_decode, decode_c
                      col(num_decode))
 
 
+@jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class StepTotals:
     """Per-step sums derived from a :class:`StepBatch` (each array of shape (S,)).

@@ -77,8 +77,7 @@ from roofcal.physics.hardware import GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
 from roofcal.model.combine import op_rate_fields
 
-RULES = ("shape", "balance", "sm", "balance_sm", "duration")
-DEFAULT_RULE = "sm"
+from roofcal.transfer import DEFAULT_RULE, RULES      # defined there for the command line
 
 #: descriptor proportional to a kernel's arithmetic intensity (FLOP per byte)
 INTENSITY = {"gemm": "m", "attn_prefill": "seq_len", "moe": "tokens"}
@@ -251,10 +250,13 @@ def check_reference(ref: Coefficients, ref_gpu: GPUSpec) -> None:
 
 
 def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
-              rule: str = DEFAULT_RULE) -> Coefficients:
+              rule: str = DEFAULT_RULE, transfer_bands=None) -> Coefficients:
     """Carry ``ref`` (fitted on ``ref_gpu``) to ``new_gpu``: an uncalibrated coefficient set.
 
-    Pure: the same inputs give the same output. See the module docstring for what transfers.
+    Its prediction bands are ``ref``'s widened by the measured zero-shot transfer error
+    (``transfer_bands``: a transfer-bands file, default the shipped one, False for no bands; see
+    :mod:`roofcal.transfer.bands`). Pure: the same inputs give the same output. See the module
+    docstring for what transfers.
     """
     check_reference(ref, ref_gpu)
     ops = {}
@@ -277,12 +279,28 @@ def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
                                             / ref_gpu.balance_flops_per_byte, 6)}}}
     from roofcal.model.coeffs import Stack
     stacks = {name: Stack(st.params, dict(st.alphas_us),
-                          {"carried_from_gpu": ref_gpu.name, "zero_shot": True, **st.source})
+                          {"carried_from_gpu": ref_gpu.name, "zero_shot": True, **st.source},
+                          dict(st.intervals))
               for name, st in ref.stacks.items()}      # serving stacks carry across, marked so
     return Coefficients(new_gpu.name, new_gpu.sha256(), params, calibrated=False,
                         notes=bootstrap_notes(rule, ref, ref_gpu, new_gpu), data=[], fit=fit,
                         metrics={}, source=f"<bootstrap of {ref.source}>", stacks=stacks,
-                        stack=ref.stack)
+                        stack=ref.stack, intervals=zero_shot_intervals(ref, transfer_bands))
+
+
+def zero_shot_intervals(ref: Coefficients, path=None) -> dict:
+    """The ``intervals`` of a bootstrap of ``ref``: its bands joined with the measured transfer
+    bands (:func:`roofcal.calibration.conformal.widen`), with both sources."""
+    from roofcal.calibration.conformal import widen
+    from roofcal.transfer import bands as TB
+    if path is False:
+        return {}
+    path = TB.DEFAULT_PATH if path is None else path
+    src = {"zero_shot": "the reference file's bands widened by the measured zero-shot transfer "
+                        "error of their kernel kind", **TB.source(path)}
+    if ref.intervals.get("source"):
+        src["reference"] = dict(ref.intervals["source"])
+    return {"ops": widen(ref.op_bands, TB.load(path)), "source": src}
 
 
 def bootstrap_file(ref_path, new_gpu, out, ref_datasheet=None, rule: str = DEFAULT_RULE) -> Coefficients:

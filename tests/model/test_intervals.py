@@ -2,6 +2,7 @@
 them (roofcal.model.intervals) and how coefficient files keep them — hand-checked."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from roofcal.model.predict import predict
 from roofcal.physics.steps import Step
 
 H100_FILE = "coeffs/h100_sxm.yaml"
+#: step totals of one decode-only step (what step_interval reads of them)
+DECODE = SimpleNamespace(n_prefill=np.array([0.0]), n_decode=np.array([4.0]))
 
 
 def test_conformal_ranks_by_hand():
@@ -46,7 +49,7 @@ def test_op_bands_strata_and_fallbacks():
     keys = np.array(["gemm/bf16"] * 30 + ["gemm/fp8"] * 10 + ["allreduce/nccl"] * 5, object)
     reg = np.array(["compute"] * 25 + ["memory"] * 5 + ["compute"] * 10 + ["memory"] * 5, object)
     ratios = np.linspace(0.9, 1.1, 45)
-    bands = conformal.op_bands(keys, reg, ratios)
+    bands = conformal.op_bands(keys, reg, ratios, min_rows=20)
     # gemm/bf16: 30 rows → own band and a compute band (25 rows); its 5 memory rows are too few
     assert set(bands["gemm/bf16"]) == {"all", "compute"}
     # gemm/fp8 has 10 rows: no band of its own, so the kind pools all 40 gemm rows
@@ -87,11 +90,11 @@ def test_kernel_step_interval_by_hand():
     assert cov[0] == 1.0            # all-reduce takes no time here; elementwise is never measured
     # the stack's decode band (0.8, 1.3) is wider: the union holds it
     lo, hi, basis = IV.step_interval(bands, {"decode": IV.Band(0.8, 1.3, 40)}, calls, parts, total,
-                                     ["decode"])
+                                     DECODE)
     assert (lo[0], hi[0], basis[0]) == (pytest.approx(1240.0), pytest.approx(2015.0), "steps+kernels")
     # no band for the all-reduce's time: partial
     parts["allreduce"] = np.array([100.0])
-    _, _, basis = IV.step_interval(bands, {}, calls, parts, total + 100.0, ["decode"])
+    _, _, basis = IV.step_interval(bands, {}, calls, parts, total + 100.0, DECODE)
     assert basis[0] == "kernels (partial)"
 
 
@@ -99,7 +102,7 @@ def test_shipped_h100_file_has_bands_from_its_heldout_rows():
     c = coeff_io.load(H100_FILE)
     doc = yaml.safe_load(open(H100_FILE))
     # every kernel variant has a band from its held-out rows, or its kind pools (all-reduce
-    # variants hold out 14 / 14 / 25 rows, fewer than 20 for two of them)
+    # variants hold out 14 / 14 / 25 rows, fewer than 30)
     for key, m in doc["metrics"]["heldout"].items():
         if key.startswith("steps/"):
             continue
@@ -108,6 +111,7 @@ def test_shipped_h100_file_has_bands_from_its_heldout_rows():
         assert b is not None and b.p10 < 1.0 < b.p90
         own = c.op_bands.get(key, {}).get("all")
         assert own is None or own.n == m["n"]
+        assert (own is None) == (m["n"] < conformal.MIN_ROWS)
     assert c.op_bands["allreduce"]["all"].n == 14 + 14 + 25
     # the splitwise stack has phase bands from its 40 + 40 held-out steps; the serving-run
     # stack has none (it was calibrated on serving runs, not steps)
@@ -158,3 +162,20 @@ def test_file_roundtrip_keeps_bands(tmp_path):
     out = tmp_path / "again.yaml"
     coeff_io.save(c, out)
     assert out.read_text() == open(H100_FILE).read()
+
+
+def test_per_op_rows_carry_their_regime_band(tmp_path):
+    from roofcal.model.predict import predict_ops
+    p = tmp_path / "ops.csv"
+    # a 4096³ BF16 GEMM is compute-bound (ideal 139 µs of compute vs 30 µs of memory on H100);
+    # m = 1 is memory-bound (weights read: 32 MiB in 10 µs vs 0.03 µs of compute)
+    p.write_text("gpu,op,dtype,m,n,k,latency_us\nh100_sxm,gemm,bf16,4096,4096,4096,200\n"
+                 "h100_sxm,gemm,bf16,1,4096,4096,15\n")
+    df = predict_ops(p, coeffs=H100_FILE)
+    c = coeff_io.load(H100_FILE)
+    comp, mem = c.op_bands["gemm/bf16"]["compute"], c.op_bands["gemm/bf16"]["memory"]
+    assert df.ideal_compute_us[0] == pytest.approx(2 * 4096**3 / 989.4e6, rel=1e-4)
+    assert df.p10_us[0] == pytest.approx(df.predicted_us[0] * comp.p10, rel=1e-6)
+    assert df.p90_us[1] == pytest.approx(df.predicted_us[1] * mem.p90, rel=1e-6)
+    cols = list(df.columns)
+    assert cols[cols.index("predicted_us"):cols.index("predicted_us") + 3] == ["predicted_us", "p10_us", "p90_us"]

@@ -1,0 +1,77 @@
+"""Zero-shot prediction bands: the measured transfer error (roofcal.transfer.bands) and how a
+bootstrap widens a file's bands with it."""
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from roofcal.calibration import conformal
+from roofcal.errors import RoofcalError
+from roofcal.io import sha256_file
+from roofcal.model import coeffs as coeff_io
+from roofcal.model import intervals as IV
+from roofcal.physics.hardware import load_gpu
+from roofcal.transfer import bands as TB
+from roofcal.transfer.bootstrap import bootstrap
+
+H100, H200 = load_gpu("h100_sxm"), load_gpu("h200_sxm")
+
+
+def test_symmetric_band_by_hand():
+    # |log ratios| 0.01 … 0.10; n = 10: rank ⌈11 · 0.8⌉ = 9 → a = 0.09
+    r = np.array([0.01, -0.02, 0.03, -0.04, 0.05, -0.06, 0.07, -0.08, 0.09, -0.10])
+    b = TB.symmetric_band(r)
+    assert b.n == 10 and b.p10 == pytest.approx(math.exp(-0.09)) and b.p90 == pytest.approx(math.exp(0.09))
+    assert TB.symmetric_band(r[:3]) is None          # ⌈4 · 0.8⌉ = 4 > 3 values
+
+
+def test_widen_joins_own_and_transfer_bands():
+    own = {"gemm/bf16": {"all": IV.Band(0.9, 1.1, 100), "compute": IV.Band(0.8, 1.05, 40)},
+           "allreduce": {"all": IV.Band(0.93, 1.08, 53)}}
+    transfer = {"gemm": IV.Band(0.7, 1.4, 1000), "allreduce": IV.Band(0.95, 1.05, 400)}
+    w = conformal.widen(own, transfer)
+    # regime strata dropped; each band the union of own and the kind's transfer band
+    assert w["gemm/bf16"] == {"all": IV.Band(0.7, 1.4, 1000)}
+    assert w["allreduce"] == {"all": IV.Band(0.93, 1.08, 400)}
+    assert w["gemm"] == {"all": transfer["gemm"]}
+    # a kind without a measured transfer band takes the widest measured one (gemm: log 2)
+    w = conformal.widen({"moe/bf16": {"all": IV.Band(0.9, 1.1, 10)}}, transfer)
+    assert w["moe/bf16"]["all"] == IV.Band(0.7, 1.4, 1000)
+
+
+def test_shipped_transfer_bands_match_the_shipped_fits():
+    doc = yaml.safe_load(open(TB.DEFAULT_PATH))
+    for gpu, src in doc["from"].items():
+        assert sha256_file(src["file"]) == src["sha256"], f"{TB.DEFAULT_PATH} is stale for {gpu}: " \
+            "rerun 'roofcal gpu transfer-bands'"
+    again = TB.measure()
+    assert again["bands"] == doc["bands"] and again["per_direction"] == doc["per_direction"]
+    # the A100 runs memory-bound decode attention slower than its bandwidth says, the H100
+    # faster: the widest band of all
+    widths = {k: b["p90"] / b["p10"] for k, b in doc["bands"].items()}
+    assert max(widths, key=widths.get) == "attn_decode"
+
+
+def test_bootstrap_carries_widened_bands():
+    ref = coeff_io.load("coeffs/h100_sxm.yaml")
+    tb = TB.load()
+    c = coeff_io.roundtrip(bootstrap(ref, H100, H200))
+    for key in ("gemm/bf16", "attn_decode/bf16", "moe/fp8"):
+        kind = key.split("/")[0]
+        want = tb[kind].union(ref.op_bands[key]["all"])
+        got = c.op_bands[key]["all"]
+        assert (got.p10, got.p90) == pytest.approx((want.p10, want.p90), rel=1e-5)
+    assert "transfer_bands" in c.intervals["source"] and "reference" in c.intervals["source"]
+    # without transfer bands a bootstrap has none (rather than the reference GPU's own)
+    assert bootstrap(ref, H100, H200, transfer_bands=False).intervals == {}
+
+
+def test_bad_transfer_bands_file(tmp_path):
+    p = tmp_path / "tb.yaml"
+    doc = yaml.safe_load(open(TB.DEFAULT_PATH))
+    doc["bands"]["gemm"]["p10"] = -1
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(RoofcalError, match=r"field 'bands.gemm.p10' must be a positive ratio"):
+        TB.load(p)
