@@ -9,3 +9,5 @@ a serving stack to measured serving runs with BLIS in the loop.
 #: defaults of :class:`.workload.WorkloadSettings` the command line shows (kept here so it need
 #: not import JAX to show them)
 WORKLOAD_DEFAULTS = {"refreshes": 4, "samples": 800}
+#: names of :data:`.fit.STEP_TARGETS` (for the command line)
+STEP_TARGET_NAMES = ("step", "gpu", "cycle", "gpu+cycle")

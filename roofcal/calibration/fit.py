@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from roofcal.calibration import conformal
+from roofcal.calibration import STEP_TARGET_NAMES, conformal
+from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
 from roofcal.model import intervals as IV
 from roofcal.model.coeffs import Coefficients, Stack, add_stack, roundtrip, with_stack
@@ -36,6 +37,32 @@ from roofcal.physics.kernels import groups
 from roofcal.model.predict import predict_table, row_times
 from roofcal.calibration.optim import lbfgs, minimize
 from roofcal.physics.steps import step_totals
+
+
+#: what whole-step measurements are compared with (``roofcal fit --step-target``): target →
+#: [(measured field of :class:`~roofcal.measurements.stepdata.StepData`, predicted quantity)]
+#: with the predicted ``step`` = GPU and CPU work combined by the stack's overlap (what a
+#: simulator's clock advances by) and ``gpu`` = its GPU side alone (kernels × in-step scales,
+#: launch gaps, all-reduce synchronisation)
+STEP_TARGETS = {
+    "step": (("measured_us", "step"),),        # a profiler's whole-step time (splitwise)
+    "gpu": (("measured_us", "gpu"),),          # vLLM step tracing's forward time (step.duration_us)
+    "cycle": (("cycle_us", "step"),),          # start of a step to the next one's (traces)
+    "gpu+cycle": (("measured_us", "gpu"), ("cycle_us", "step")),
+}
+assert tuple(STEP_TARGETS) == STEP_TARGET_NAMES
+
+
+def measured(d, field_name: str) -> np.ndarray:
+    """A StepData's measured ``measured_us`` or ``cycle_us`` (NaN where not measured), µs."""
+    return np.asarray(d.measured_us if field_name == "measured_us" else d.cycles, np.float64)
+
+
+def predicted(out: dict, what: str):
+    """The predicted ``step`` (µs, the breakdown's total) or its ``gpu`` side (total less the
+    CPU work and the overlap that hides part of it) from a :func:`step_breakdown` output."""
+    from roofcal.model.combine import CPU, OVERLAP
+    return out["total"] if what == "step" else out["total"] - out[OVERLAP] - out[CPU]
 
 
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean
@@ -57,6 +84,7 @@ class FitSettings:
     prior_scalars: float = 0.01       # κ of intercepts, latency, sharpness
     finetune: float = 0.0             # 0: kernels frozen in stage 2; else κ holding them to stage 1
     prior_scales: float = 1.0         # κ holding the step-level kernel scales at 1
+    step_target: str = "step"         # what measured steps are compared with (STEP_TARGETS)
     progress: bool = True
 
     def degree_of(self, kind: str) -> int:
@@ -248,17 +276,23 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
 # --------------------------------------------------------------------------------------------
 # stage 2: steps
 
-def _overhead_init(datasets: list, params: dict, masks: list) -> np.ndarray:
+def _overhead_init(datasets: list, params: dict, masks: list, target: str) -> np.ndarray:
     """Start: non-negative least squares of the relative residual (measured − kernels)/measured
-    on the overhead counts."""
+    on the overhead counts, over every measurement of the target (CPU overheads only where the
+    target sees them)."""
     from scipy.optimize import nnls
+    from roofcal.model.combine import CPU_MASK
     rows, rhs = [], []
     for d, m in zip(datasets, masks):
         out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
         kern = np.asarray(out["total"]) - np.asarray(out["overhead"])
         counts = overhead_counts(d.model, d.tp, step_totals(d.batch))
-        rows.append((counts / d.measured_us[:, None])[m])
-        rhs.append(((d.measured_us - kern) / d.measured_us)[m])
+        for field_name, what in STEP_TARGETS[target]:
+            y = measured(d, field_name)
+            ok = m & np.isfinite(y)
+            seen = counts * (1.0 - CPU_MASK) if what == "gpu" else counts
+            rows.append((seen / y[:, None])[ok])
+            rhs.append(((y - kern) / y)[ok])
     x, _ = nnls(np.concatenate(rows), np.concatenate(rhs))
     return np.maximum(x, 1e-3)
 
@@ -270,25 +304,35 @@ def _gpu(name):
 
 def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_masks: list,
               step_prior: dict | None = None) -> dict:
-    """Stage 2: step-level overheads, kernel-group scales and the prefill–decode mix.
+    """Stage 2: step-level overheads, kernel-group scales and the prefill–decode mix (and, when
+    cycle times are fitted, the CPU–GPU overlap), on ``settings.step_target``.
 
     Kernel corrections stay as fitted on per-op data (``settings.finetune`` = 0), or move with
     a prior of ``finetune`` pseudo-rows holding them to stage 1. Scales have a prior at 1.
     """
+    target = settings.step_target
+    if target not in STEP_TARGETS:
+        raise RoofcalError(f"step target {target!r} is not one of {', '.join(STEP_TARGETS)}")
     params = {"ops": kernel_params, "step": K.neutral_step_params()}
-    if not datasets or not any(m.any() for m in train_masks):
+    terms = STEP_TARGETS[target]
+    masks = [[m & np.isfinite(measured(d, f)) for f, _ in terms] for d, m in zip(datasets, train_masks)]
+    if not datasets or not any(w.any() for ws in masks for w in ws):
         return params
-    o = _overhead_init(datasets, params, train_masks)
+    o = _overhead_init(datasets, params, train_masks, target)
     params["step"]["overheads"] = jnp.asarray(np.log(o), jnp.float32)
     params["step"]["mix"] = jnp.asarray(K.softplus_inv(1e-3), jnp.float32)
-    center = step_prior or {"overheads": params["step"]["overheads"],
-                            "scales": params["step"]["scales"], "mix": params["step"]["mix"]}
-    n = float(sum(m.sum() for m in train_masks))
+    if any(f == "cycle_us" for f, _ in terms):          # cycle times see the CPU–GPU overlap
+        params["step"]["overlap"] = jnp.asarray(K.softplus_inv(1.0), jnp.float32)
+    n = float(sum(w.sum() for ws in masks for w in ws))
+    center = step_prior or {k: params["step"][k] for k in ("overheads", "scales", "mix", "overlap")
+                            if k in params["step"]}
     strength = {"overheads": jnp.full(len(K.STEP_OVERHEADS), 1e-3 / n),
                 "scales": jnp.full(len(K.STEP_SCALES), settings.prior_scales / n),
-                "mix": jnp.asarray(1e-3 / n)}
-    sets = [(d, jnp.asarray(m, jnp.float32), jnp.asarray(d.measured_us, jnp.float32), _gpu(d.gpu))
-            for d, m in zip(datasets, train_masks)]
+                "mix": jnp.asarray(1e-3 / n), "overlap": jnp.asarray(1e-3 / n)}
+    strength = {k: v for k, v in strength.items() if k in center}
+    sets = [(d, [(what, jnp.asarray(w, jnp.float32), jnp.asarray(np.nan_to_num(measured(d, f), nan=1.0), jnp.float32))
+                 for (f, what), w in zip(terms, ws)], _gpu(d.gpu))
+            for d, ws in zip(datasets, masks)]
     free_kernels = settings.finetune > 0
     k_strength = jax.tree_util.tree_map(lambda x: jnp.full(jnp.shape(x), settings.finetune / n),
                                         kernel_params)
@@ -297,10 +341,11 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
         ops = x["ops"] if free_kernels else kernel_params
         ps = {"ops": ops, "step": x["step"]}
         total, count = 0.0, 0.0
-        for d, w, y, g in sets:
-            pred = step_breakdown(ps, d.model, g, d.tp, d.batch)["total"]
-            total = total + log_ratio_sq(pred, y, w) * jnp.sum(w)
-            count = count + jnp.sum(w)
+        for d, ys, g in sets:
+            out = step_breakdown(ps, d.model, g, d.tp, d.batch)
+            for what, w, y in ys:
+                total = total + log_ratio_sq(predicted(out, what), y, w) * jnp.sum(w)
+                count = count + jnp.sum(w)
         reg = prior_penalty(x["step"], center, strength)
         if free_kernels:
             reg = reg + prior_penalty(x["ops"], kernel_params, k_strength)
@@ -331,12 +376,15 @@ def kernel_metrics(table: pd.DataFrame, params: dict, gpu: GPUSpec, test: np.nda
 
 
 def step_predictions(datasets: list, params: dict) -> pd.DataFrame:
-    """One row per measured step: description, measured, predicted and every component (µs)."""
+    """One row per measured step: description (with ``measured_us`` and ``cycle_us``), the
+    predicted step (``predicted_us``) and its GPU side (``predicted_gpu_us``), and every
+    component (µs)."""
     frames = []
     for d in datasets:
         out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
         df = d.describe()
         df["predicted_us"] = np.asarray(out["total"], np.float64)
+        df["predicted_gpu_us"] = np.asarray(predicted(out, "gpu"), np.float64)
         for k, v in out.items():
             if k not in NON_COMPONENT:
                 df[f"{k}_us"] = np.asarray(v, np.float64)
@@ -344,15 +392,25 @@ def step_predictions(datasets: list, params: dict) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def step_metrics(pred: pd.DataFrame, test: np.ndarray) -> dict:
-    """{'train'|'heldout': {'steps/<phase>': summary}} over the step predictions."""
+#: metric name prefix and (measured, predicted) columns of each fitted comparison
+METRIC_COLUMNS = {("measured_us", "step"): ("steps", "measured_us", "predicted_us"),
+                  ("measured_us", "gpu"): ("steps", "measured_us", "predicted_gpu_us"),
+                  ("cycle_us", "step"): ("cycles", "cycle_us", "predicted_us")}
+
+
+def step_metrics(pred: pd.DataFrame, test: np.ndarray, target: str = "step") -> dict:
+    """{'train'|'heldout': {'<steps|cycles>/<phase>': summary}} over the step predictions, for
+    each comparison of ``target`` (:data:`STEP_TARGETS`): ``steps/`` = ``duration_us`` against the
+    predicted step or its GPU side, ``cycles/`` = ``cycle_us`` against the predicted step."""
     out = {"train": {}, "heldout": {}}
-    for split, sel in (("train", ~test), ("heldout", test)):
-        for phase in sorted(set(pred["phase"])):
-            rows = sel & (pred["phase"].values == phase)
-            if rows.any():
-                out[split][f"steps/{phase}"] = error_summary(pred["predicted_us"].values[rows],
-                                                             pred["measured_us"].values[rows])
+    for term in STEP_TARGETS[target]:
+        name, meas, pr = METRIC_COLUMNS[term]
+        y = pred[meas].to_numpy(np.float64)
+        for split, sel in (("train", ~test), ("heldout", test)):
+            for phase in sorted(set(pred["phase"])):
+                rows = sel & (pred["phase"].values == phase) & np.isfinite(y)
+                if rows.any():
+                    out[split][f"{name}/{phase}"] = error_summary(pred[pr].values[rows], y[rows])
     return out
 
 
@@ -403,8 +461,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     if steps:                                  # the serving stack these steps were measured on
         step_files = [p for p in provenance or [] if str(p.get("kind", "")).startswith("steps")]
         c = add_stack(c, stack_name(step_files), Stack(
-            params["step"], source={"kind": "whole steps (GPU time per step), fitted with the kernels",
-                                    "data": step_files}))
+            params["step"], source={"kind": STACK_KINDS[settings.step_target],
+                                    "step_target": settings.step_target, "data": step_files}))
     elif prior is not None and prior.stacks:
         c = Coefficients(**{**c.__dict__, "stacks": dict(prior.stacks)})
         c = with_stack(c, prior.stack)
@@ -423,11 +481,10 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     if steps:
         step_table = step_predictions(steps, c.params)
         step_test = np.concatenate(step_tests)
-        sm = step_metrics(step_table, step_test)
+        sm = step_metrics(step_table, step_test, settings.step_target)
         for split in ("train", "heldout"):
             metrics[split].update(sm[split])
-        bands = conformal.phase_bands(step_table["phase"].values[step_test],
-                                      (step_table["measured_us"] / step_table["predicted_us"]).values[step_test])
+        bands = step_bands(step_table, step_test, settings.step_target)
         if bands and c.stack in c.stacks:
             c.stacks[c.stack] = replace(c.stacks[c.stack], intervals=bands)
     c.metrics = _round_metrics(metrics)
@@ -450,6 +507,30 @@ def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings) ->
                         f"(compute / memory by ideal time); strata under {conformal.MIN_ROWS} rows "
                         "pool per kernel, then per kind"}
     return {"ops": bands, "source": source} if bands else {}
+
+
+def step_bands(step_table: pd.DataFrame, test: np.ndarray, target: str) -> dict:
+    """A stack's phase bands from held-out steps: measured / predicted of the whole step — the
+    cycle time when fitted on it, the step time for ``step``; none for ``gpu`` alone (no
+    measurement of the whole step)."""
+    terms = STEP_TARGETS[target]
+    field_name = "cycle_us" if ("cycle_us", "step") in terms else \
+        ("measured_us" if ("measured_us", "step") in terms else None)
+    if field_name is None:
+        return {}
+    y = step_table[field_name].to_numpy(np.float64)
+    ok = test & np.isfinite(y)
+    return conformal.phase_bands(step_table["phase"].values[ok], (y / step_table["predicted_us"].to_numpy())[ok])
+
+
+#: a stack's ``source.kind`` per step target (the first words name what was measured)
+STACK_KINDS = {
+    "step": "whole steps (GPU time per step), fitted with the kernels",
+    "gpu": "whole steps (GPU forward time; CPU-side overheads not seen, left at their start), "
+           "fitted with the kernels",
+    "cycle": "whole steps (cycle time: start to next start), fitted with the kernels",
+    "gpu+cycle": "whole steps (GPU forward time and cycle time), fitted with the kernels",
+}
 
 
 def stack_name(step_files: list) -> str:

@@ -19,13 +19,28 @@ def cmd_fit(a) -> None:
     m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)
     kappa = a.prior_weight if a.prior_weight is not None else (FEW_SHOT_KAPPA if a.prior else None)
     weight = {} if kappa is None else {"prior_terms": kappa, "prior_scalars": kappa}
-    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet, **weight)
+    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet,
+                           step_target=a.step_target, **weight)
+    if (a.requests or a.context) and not m.steps:
+        raise RoofcalError("--requests: measured alphas need whole steps in --data (a step JSONL of "
+                           "'roofcal traces read'), whose serving stack they belong to")
+    if a.context and not a.requests:
+        raise RoofcalError("--context: give the requests table too (--requests)")
     n_ops = 0 if m.ops is None else len(m.ops)
     print(f"fitting {gpu.name}: {n_ops} per-op rows, {sum(len(d) for d in m.steps)} steps "
           f"from {len(m.provenance)} files", flush=True)
     result = fit(gpu, m.ops, m.steps, settings, prior=prior, provenance=m.provenance)
     out = a.out or resources.COEFFS / f"{gpu.name}.yaml"
     c = result.coeffs
+    if a.requests:
+        from roofcal.calibration.alphas import alphas_from_files, with_alphas
+        al = alphas_from_files(a.requests, a.context)
+        c = with_alphas(c, c.stack, al, list(a.requests) + list(a.context or []))
+        shown = ", ".join(f"{k} {v:.1f}" if v is not None else f"{k} not measured"
+                          for k, v in al.as_dict().items())
+        print(f"alphas of stack '{c.stack}' from {al.counts['finished']} finished requests: {shown} (µs)"
+              + (f"; output_token before clipping at 0: {al.output_token_raw_us:.1f}"
+                 if al.output_token_raw_us is not None and al.output_token_raw_us < 0 else ""))
     for spec in a.stack_from or []:               # stacks borrowed explicitly, recorded as such
         if ":" not in spec:
             raise RoofcalError(f"--stack-from {spec}: give FILE:NAME (a stack of another coefficient file)")
@@ -67,5 +82,17 @@ def register(sub) -> None:
     s.add_argument("--no-carry", action="store_true",
                    help="do not keep the serving stacks of an existing --out file that this fit does "
                         "not produce (workload-calibrated or borrowed ones are kept by default)")
+    from roofcal.calibration import STEP_TARGET_NAMES
+    s.add_argument("--step-target", choices=STEP_TARGET_NAMES, default="step",
+                   help="what measured steps are fitted on: 'step' = duration_us against the whole "
+                        "predicted step (a profiler's step time, as splitwise; default), 'gpu' = "
+                        "duration_us against its GPU side (vLLM step tracing's forward time), "
+                        "'cycle' = cycle_us (start to next start) against the whole step, "
+                        "'gpu+cycle' = both")
+    s.add_argument("--requests", nargs="+", metavar="CSV",
+                   help="requests tables of 'roofcal traces read': the fitted stack takes BLIS's "
+                        "alphas measured from them (roofcal/calibration/alphas.py)")
+    s.add_argument("--context", nargs="+", metavar="CSV",
+                   help="their step-context tables (cycle times), for the per-output-token alpha")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_fit)

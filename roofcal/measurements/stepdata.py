@@ -1,8 +1,10 @@
-"""Whole-step measurements: step JSONL with ``duration_us``, and the bundled splitwise table.
+"""Whole-step measurements: step JSONL with ``duration_us`` and/or ``cycle_us``, and the bundled
+splitwise table.
 
 A :class:`StepData` is one deployment (model, GPU, TP) with its steps as a
-:class:`~roofcal.physics.steps.StepBatch`, the measured times, each step's phase and a *configuration* label
-(steps sharing one are held out together).
+:class:`~roofcal.physics.steps.StepBatch`, the measured times (``measured_us`` from
+``duration_us``, ``cycle_us``; NaN where a step lacks one), each step's phase and a
+*configuration* label (steps sharing one are held out together).
 
 The splitwise table (Llama-2-70B on H100, TP 4 and 8) gives for each run ``prompt_time``, one
 prefill iteration of ``batch_size`` prompts of ``prompt_size`` tokens, and ``token_time``, the mean
@@ -41,14 +43,21 @@ class StepData:
     phase: np.ndarray          # "prefill" / "decode" / "mixed"
     config: np.ndarray         # configuration label (hold-out group)
     source: str
+    cycle_us: np.ndarray | None = None   # start to next start, µs (None: not measured)
 
     def __len__(self) -> int:
         return len(self.measured_us)
 
+    @property
+    def cycles(self) -> np.ndarray:
+        """Measured cycle times, µs (NaN where not measured)."""
+        return np.full(len(self), np.nan) if self.cycle_us is None else self.cycle_us
+
     def take(self, idx) -> "StepData":
         idx = np.asarray(idx)
         return StepData(self.model, self.gpu, self.tp, self.batch.take(idx), self.measured_us[idx],
-                        self.phase[idx], self.config[idx], self.source)
+                        self.phase[idx], self.config[idx], self.source,
+                        None if self.cycle_us is None else self.cycle_us[idx])
 
     def describe(self) -> pd.DataFrame:
         """Per-step summary columns used by reports: phase, batch size, tokens, mean context."""
@@ -60,7 +69,8 @@ class StepData:
         return pd.DataFrame({"model": self.model.name, "gpu": self.gpu, "tp": self.tp,
                              "phase": self.phase, "config": self.config, "batch_size": n_pf + n_dc,
                              "prefill_tokens": new, "decode_context": ctx,
-                             "measured_us": self.measured_us, "source": self.source})
+                             "measured_us": self.measured_us, "cycle_us": self.cycles,
+                             "source": self.source})
 
 
 def read_splitwise(path: str | Path, source: str | None = None) -> list[StepData]:
@@ -102,11 +112,11 @@ def read_splitwise(path: str | Path, source: str | None = None) -> list[StepData
 
 def read_step_jsonl(path: str | Path, model=None, gpu=None, tp=None,
                     source: str | None = None) -> list[StepData]:
-    """Load measured steps (rows need ``duration_us``), grouped by deployment."""
+    """Load measured steps (rows need ``duration_us`` or ``cycle_us``), grouped by deployment."""
     steps = read_steps(path)
     for i, s in enumerate(steps):
-        if s.duration_us is None:
-            raise RoofcalError(f"{path}: step {i + 1} has no 'duration_us' to fit")
+        if s.duration_us is None and s.cycle_us is None:
+            raise RoofcalError(f"{path}: step {i + 1} has neither 'duration_us' nor 'cycle_us' to fit")
     groups = group_by_deployment(steps, model, gpu, tp, str(path))
     out = []
     for (m, g, t), idx in groups.items():
@@ -114,8 +124,11 @@ def read_step_jsonl(path: str | Path, model=None, gpu=None, tp=None,
         check_tp(spec, int(t), f"{path}: tp")
         sel = [steps[i] for i in idx]
         from roofcal.physics.hardware import load_gpu
+        nan = lambda v: np.nan if v is None else v
+        cycles = np.array([nan(s.cycle_us) for s in sel], np.float64)
         out.append(StepData(spec, load_gpu(g).name, int(t), batch_steps(sel),
-                            np.array([s.duration_us for s in sel]), np.array([s.phase for s in sel]),
+                            np.array([nan(s.duration_us) for s in sel], np.float64),
+                            np.array([s.phase for s in sel]),
                             np.array([f"{source or path}#{i + 1}" for i in idx]),
-                            source or str(path)))
+                            source or str(path), cycles if np.isfinite(cycles).any() else None))
     return out

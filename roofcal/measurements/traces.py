@@ -270,13 +270,15 @@ class TraceStep:
         d: dict = {"prefill": [list(c) for c in self.prefill], "decode": list(self.decode)}
         if self.duration_us > 0:
             d["duration_us"] = float(self.duration_us)
+        if self.cycle_us is not None and self.cycle_us > 0:
+            d["cycle_us"] = float(self.cycle_us)
         return d
 
     def to_step(self):
         """A :class:`roofcal.physics.steps.Step` (imports JAX)."""
         from roofcal.physics.steps import Step
         return Step(self.prefill, self.decode, float(self.duration_us) if self.duration_us > 0
-                    else None)
+                    else None, cycle_us=float(self.cycle_us) if self.cycle_us else None)
 
 
 @dataclass(frozen=True)

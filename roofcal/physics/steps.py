@@ -4,8 +4,15 @@ One JSON object per line::
 
     {"prefill": [[new_tokens, cached_tokens], ...],  # chunks computed this step; cached = KV already present
      "decode": [context, ...],                       # one token each; context = KV length before it
-     "duration_us": 12345.6,                         # optional measured step time
+     "duration_us": 12345.6,                         # optional measured step time (µs)
+     "cycle_us": 13456.7,                            # optional: start of this step to the next's (µs)
      "model": "llama-2-70b-hf", "gpu": "h100_sxm", "tp": 4}   # optional per-row deployment
+
+``duration_us`` is the whole step as a profiler timed it (splitwise) or, from vLLM's step
+tracing, the GPU forward time (``step.duration_us``); ``cycle_us`` is the time from this step's
+start to the next one's, CPU work included — what a simulator's clock advances by. Which of them
+``roofcal fit`` compares with which prediction is ``--step-target``
+(:data:`roofcal.calibration.fit.STEP_TARGETS`).
 
 A :class:`StepBatch` holds many steps as zero-padded arrays of shape ``(steps, max_chunks)`` so the
 components can be jitted and vectorised; padding entries have zero tokens and zero mask.
@@ -27,7 +34,8 @@ from roofcal.errors import RoofcalError
 
 @dataclass(frozen=True)
 class Step:
-    """One scheduler step. Token counts are integers ≥ 0; ``duration_us`` in µs when measured."""
+    """One scheduler step. Token counts are integers ≥ 0; ``duration_us`` and ``cycle_us`` in µs
+    when measured (see the module docstring)."""
 
     prefill: tuple[tuple[int, int], ...] = ()
     decode: tuple[int, ...] = ()
@@ -35,6 +43,7 @@ class Step:
     model: str | None = None
     gpu: str | None = None
     tp: int | None = None
+    cycle_us: float | None = None     # measured start of this step to start of the next, µs
 
     @property
     def phase(self) -> str:
@@ -45,7 +54,7 @@ class Step:
 
     def to_json(self) -> dict:
         d: dict = {"prefill": [list(c) for c in self.prefill], "decode": list(self.decode)}
-        for key in ("duration_us", "model", "gpu", "tp"):
+        for key in ("duration_us", "cycle_us", "model", "gpu", "tp"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d
@@ -62,7 +71,7 @@ def step_from_dict(obj, where: str = "<step>") -> Step:
     """Validate one step mapping (the JSONL schema above); ``where`` names it in errors."""
     if not isinstance(obj, dict):
         raise RoofcalError(f"{where}: a step must be a JSON object")
-    known = {"prefill", "decode", "duration_us", "model", "gpu", "tp"}
+    known = {"prefill", "decode", "duration_us", "cycle_us", "model", "gpu", "tp"}
     for key in obj:
         if key not in known:
             raise RoofcalError(f"{where}: unknown field '{key}' (known: {', '.join(sorted(known))})")
@@ -79,19 +88,22 @@ def step_from_dict(obj, where: str = "<step>") -> Step:
         chunks.append((_count(chunk[0], where, f"prefill[{i}][0]", 1),
                        _count(chunk[1], where, f"prefill[{i}][1]", 0)))
     ctx = tuple(_count(c, where, f"decode[{i}]", 0) for i, c in enumerate(decode))
-    dur = obj.get("duration_us")
-    if dur is not None:
-        if isinstance(dur, bool) or not isinstance(dur, (int, float)) or not math.isfinite(dur) \
-                or dur <= 0:
-            raise RoofcalError(f"{where}: field 'duration_us' must be a positive number, got {dur!r}")
-        dur = float(dur)
+    dur, cyc = (_time(obj.get(k), where, k) for k in ("duration_us", "cycle_us"))
     tp = obj.get("tp")
     if tp is not None:
         tp = _count(tp, where, "tp", 1)
     for key in ("model", "gpu"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise RoofcalError(f"{where}: field '{key}' must be a string")
-    return Step(tuple(chunks), ctx, dur, obj.get("model"), obj.get("gpu"), tp)
+    return Step(tuple(chunks), ctx, dur, obj.get("model"), obj.get("gpu"), tp, cyc)
+
+
+def _time(v, where: str, field_name: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise RoofcalError(f"{where}: field '{field_name}' must be a positive number, got {v!r}")
+    return float(v)
 
 
 def read_steps(path: str | Path) -> list[Step]:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from roofcal.calibration import workload as W
-from roofcal.errors import RoofcalError
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 RUNS = SHARED / "workload" / "default_args"

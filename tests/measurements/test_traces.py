@@ -209,6 +209,7 @@ def test_writers_round_trip_through_roofcal_step_reader(tmp_path):
     assert n == 6 and [(s.prefill, s.decode) for s in steps] == \
         [(tuple(EXPECTED[k][0]), tuple(EXPECTED[k][1])) for k in range(2, 8)]
     assert [s.duration_us for s in steps] == DURATIONS_US[1:]
+    assert [s.cycle_us for s in steps] == CYCLES_US[1:] + [None]      # step 7 has no successor
     tr.write_step_context_csv(d, tmp_path / "ctx.csv")
     ctx = pd.read_csv(tmp_path / "ctx.csv")
     assert list(ctx.columns) == list(tr.CONTEXT_COLUMNS)
@@ -348,3 +349,51 @@ def test_progress_reports_every_byte(tmp_path):
     seen = []
     tr.read_trace(p, progress=seen.append)
     assert sum(seen) == p.stat().st_size
+
+
+def test_alphas_from_the_request_table_by_hand(tmp_path):
+    from roofcal.calibration.alphas import alphas_from_files
+    d = tr.read_trace(write(tmp_path, good_lines()), warmup_steps=0)
+    tr.write_requests_csv(d, tmp_path / "r.csv")
+    tr.write_step_context_csv(d, tmp_path / "c.csv")
+    a = alphas_from_files(tmp_path / "r.csv", tmp_path / "c.csv")
+    # α0: QUEUED − ARRIVED = 500, 500, 1,000 µs (A, B, C)
+    assert a.queueing_us == pytest.approx(2000 / 3)
+    # α1: DEPARTED (90 ms) − FINISHED (50, 60, 80 ms)
+    assert a.post_decode_us == pytest.approx((40000 + 30000 + 10000) / 3)
+    # α2: tpot less the mean cycle of the steps after the first-token step, up to the finished one
+    #   A: 45,000/3 − mean(11,000, 15,000, 9,000) = 3,333.3 (steps 2–4)
+    #   B: 29,000/2 − mean(9,000, 20,000) = 0 (steps 4–5)
+    #   C: 49,000/3 − mean(9,000, 20,000, 10,000) = 3,333.3 (steps 4–7; step 7 has no cycle)
+    assert a.output_token_us == pytest.approx((10000 / 3 + 0 + 10000 / 3) / 3)
+    assert a.counts == {"requests": 3, "finished": 3, "queueing": 3, "post_decode": 3, "output_token": 3}
+    assert alphas_from_files(tmp_path / "r.csv").output_token_us is None      # no cycle times
+    with pytest.raises(RoofcalError, match="c.csv: missing column 'finish_status' \\(a requests CSV"):
+        alphas_from_files(tmp_path / "c.csv")
+
+
+def test_fit_on_a_trace_with_measured_alphas(tmp_path, capsys):
+    """``roofcal traces read`` → ``roofcal fit --step-target gpu+cycle --requests``: the stack
+    is fitted on the trace's GPU and cycle times and carries the measured alphas."""
+    from roofcal.cli.main import main
+    from roofcal.model import coeffs as coeff_io
+    p = write(tmp_path, good_lines())
+    s, r = tmp_path / "s.jsonl", tmp_path / "r.csv"
+    assert main(["traces", "read", str(p), "--out-steps", str(s), "--out-requests", str(r),
+                 "--warmup-steps", "0", "-q"]) == 0
+    out = tmp_path / "fitted.yaml"
+    args = ["fit", "--gpu", "h100_sxm", "--data", str(s), "--model", "llama-3.1-8b-instruct",
+            "--tp", "1", "--step-target", "gpu+cycle", "--requests", str(r), "--context",
+            str(tmp_path / "s.context.csv"), "--out", str(out), "--quiet"]
+    assert main(args) == 0
+    c = coeff_io.load(out)
+    st = c.stacks[c.stack]
+    assert c.stack == "steps" and st.source["step_target"] == "gpu+cycle"
+    assert st.alphas_us["queueing_us"] == pytest.approx(2000 / 3, rel=1e-6)
+    assert st.alphas_us["output_token_us"] == pytest.approx(20000 / 9, rel=1e-6)
+    assert st.source["alphas"]["requests"]["finished"] == 3
+    assert "alphas of stack 'steps' from 3 finished requests" in capsys.readouterr().out
+    # alphas need steps to belong to
+    assert main(["fit", "--gpu", "h100_sxm", "--data", "data/microbench/h100_sxm/nccl-2.27.3",
+                 "--requests", str(r), "--out", str(tmp_path / "x.yaml"), "--quiet"]) == 2
+    assert not (tmp_path / "x.yaml").exists()

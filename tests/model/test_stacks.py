@@ -1,7 +1,6 @@
 """Serving stacks in coefficient files: named, recorded, chosen explicitly; CPU–GPU overlap."""
 
 import math
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
