@@ -177,7 +177,7 @@ def throughput(coeffs, steps: int = 1_000_000) -> dict:
             "steps per second": steps / per}
 
 
-def run(out: str | None = None, transfer: bool = True) -> str:
+def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> str:
     """Run every benchmark; returns the Markdown report (also printed section by section)."""
     import jax
     jax.config.update("jax_enable_compilation_cache", False)        # honest cold timings
@@ -225,6 +225,10 @@ def run(out: str | None = None, transfer: bool = True) -> str:
     if transfer:
         from roofcal.bench import transfer as transfer_bench
         for title, body in transfer_bench.report(h100.coeffs, a100.coeffs):
+            emit(title, body)
+    if traces_mb:                                   # trace reader speed (roofcal.bench.traces)
+        from roofcal.bench import traces as traces_bench
+        for title, body in traces_bench.report(traces_mb):
             emit(title, body)
     text = "\n".join(sections)
     if out:
