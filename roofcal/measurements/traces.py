@@ -97,6 +97,7 @@ import json
 import math
 import os
 import zlib
+from array import array
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -672,7 +673,8 @@ def _picked(raw: dict, names: tuple, keys: list | None) -> list:
 
 class _FileEvents:
     """What the events of one file add up to (private): counts, step summaries by step id,
-    snapshots by step id (``(prompt, computed, scheduled)``) and journeys by journey key."""
+    snapshots by step id (``(prompt, computed, scheduled)`` triples packed flat in an
+    ``array('q')``) and journeys by journey key."""
 
     def __init__(self):
         self.counts = _Counts()
@@ -713,12 +715,10 @@ class _FileEvents:
             for k in _SNAPSHOT_REQUIRED:
                 _need(raw, k, name, where)
         step_id, prompt, computed, scheduled = vals
-        step_id, snap = int(step_id), (int(prompt), int(computed), int(scheduled))
-        snaps = self.snapshots.get(step_id)
-        if snaps is None:
-            self.snapshots[step_id] = [snap]
-        else:
-            snaps.append(snap)
+        snaps = self.snapshots.get(int(step_id))
+        if snaps is None:                  # packed int64 triples: ~24 bytes per request, not ~150
+            snaps = self.snapshots[int(step_id)] = array("q")
+        snaps.extend((int(prompt), int(computed), int(scheduled)))
 
     def _add_summary(self, raw: dict, name: str, where: str) -> None:
         """A ``step.BATCH_SUMMARY``: ``{_SUMMARY_KEYS: value}`` under its step id (the first of a
@@ -792,9 +792,11 @@ class _Segment:
     done_at: int
 
 
-def _snapshot_composition(snaps: list) -> tuple[list, list]:
+def _snapshot_composition(snaps) -> tuple[list, list]:
+    """(prefill chunks, decode contexts) of a step's snapshots: ``(prompt, computed, scheduled)``
+    packed flat, three ints per request."""
     prefill, decode = [], []
-    for prompt, computed, scheduled in snaps:
+    for prompt, computed, scheduled in zip(snaps[0::3], snaps[1::3], snaps[2::3]):
         if scheduled <= 0:
             continue
         before = computed if SNAPSHOT_COMPUTED_IS_BEFORE_STEP else computed - scheduled
