@@ -152,14 +152,18 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
     st = c.stacks.get(c.stack) if c is not None and c.stack is not None else None
     if st is not None and stack_alphas_calibrated(st):
         alpha = [float(st.alphas_us[n]) for n in coeff_io.ALPHAS]
-        alpha_source = f"from serving stack '{c.stack}' (calibrated on serving runs)"
+        how = "calibrated on serving runs" if str(st.source.get("kind", "")).startswith("workload") \
+            else "measured from request journeys: " + ", ".join(st.source["alphas"]["measured"])
+        alpha_source = f"from serving stack '{c.stack}' ({how})"
     provenance["stack"] = c.stack if c is not None else None
     return BlisForm(tuple(alpha), tuple(result.beta), hw_name, hw, tuple(deps), alpha_source, provenance, metrics)
 
 
 def stack_alphas_calibrated(st) -> bool:
-    """Whether a stack's alphas were fitted on request-level data (a workload calibration)."""
-    return str(st.source.get("kind", "")).startswith("workload")
+    """Whether a stack's alphas were fitted or measured on request-level data: a workload
+    calibration, or a request table of traces (``roofcal fit --requests``)."""
+    return str(st.source.get("kind", "")).startswith("workload") or \
+        bool((st.source.get("alphas") or {}).get("measured"))
 
 
 def _mape(metrics: dict, source: str, key: str) -> float | None:

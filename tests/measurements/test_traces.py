@@ -393,6 +393,13 @@ def test_fit_on_a_trace_with_measured_alphas(tmp_path, capsys):
     assert st.alphas_us["output_token_us"] == pytest.approx(20000 / 9, rel=1e-6)
     assert st.source["alphas"]["requests"]["finished"] == 3
     assert "alphas of stack 'steps' from 3 finished requests" in capsys.readouterr().out
+    # BLIS's form of the file takes the measured alphas, saying where they came from
+    from roofcal.blis.distill import fit_form
+    from roofcal.blis.fit import BlisFitSettings
+    form = fit_form(out, settings=BlisFitSettings(samples=60, iters=30))
+    assert form.alpha[0] == pytest.approx(2000 / 3, rel=1e-6)
+    assert form.alpha[2] == pytest.approx(20000 / 9, rel=1e-6)
+    assert "measured from request journeys" in form.alpha_source
     # alphas need steps to belong to
     assert main(["fit", "--gpu", "h100_sxm", "--data", "data/microbench/h100_sxm/nccl-2.27.3",
                  "--requests", str(r), "--out", str(tmp_path / "x.yaml"), "--quiet"]) == 2
