@@ -44,23 +44,24 @@ starts 0.1–2 ms after it ends. Idle time (nothing to run) emits no step.
 Requests still running when the target size is reached are never written (their spans have not
 ended), as in a trace cut at shutdown.
 
-Measured on the project's 2-core machine (seed 1; load average 1.1–2.5, other jobs running):
+Measured on the project's 2-core machine (seed 1; load average 0.8–1.4), after the reader packed
+each step's snapshots into int64 triples:
 
 ==========================  ==========================  ==============================  ========
 trace                       ``read_trace`` in-process   ``roofcal traces read``         peak RSS
                             MB/s min / median           end to end, MB/s min / median
 ==========================  ==========================  ==============================  ========
-100.5 MB (5,269 steps)      62–79 / 73–89 (1.1–1.4 s)   35–51 / 42–53 (1.9–2.4 s)       148 MB
-2,001 MB (91,184 steps)     73–76 (26–27 s, 1 run)      58–60 (33–34 s, 1 run)          815 MB
-0.2 MB (start-up only)      —                           0.56–0.9 s                      115 MB
+100.5 MB (5,269 steps)      97 / 99 (1.0 s)             49 / 53 (1.7–1.9 s)             137 MB
+2,001 MB (91,184 steps)     81 (24.6 s, 1 run)          71 (28.1 s, 1 run)              535 MB
+0.2 MB (start-up only)      —                           0.7–0.8 s                       115 MB
 ==========================  ==========================  ==============================  ========
 
-End to end, a 100 MB file pays ≈ 0.6 s of start-up (0.5 s of it importing pandas for the two
-CSVs), so it sits at the 50 MB/s target; from a few hundred MB on the reader's own speed
-dominates. Memory does not hold the file (a line at a time), but grows with what is kept until
-the end of the file: ≈ 0.35 MB of RSS per MB of trace, about three quarters of it the
-``step.REQUEST_SNAPSHOT`` tuples kept per step (tracemalloc on 100 MB: accumulators 27 MB, of
-which snapshots 19.5, step summaries 3.7, journeys 3.5; the final TraceData 10.5 MB).
+End to end, a 100 MB file pays ≈ 0.7 s of start-up (mostly importing pandas for the two CSVs),
+so it sits at the 50 MB/s target; from a few hundred MB on the reader's own speed dominates.
+Memory does not hold the file (a line at a time), but grows with what is kept until the end of
+the file, ≈ 0.2 MB of RSS per MB of trace (before the packing: 0.35, with 815 MB at 2 GB; the
+snapshot tuples were 19.5 of the 27 MB of accumulators on 100 MB by tracemalloc, step summaries
+3.7, journeys 3.5; the final TraceData 10.5 MB).
 """
 
 from __future__ import annotations
