@@ -12,7 +12,7 @@ A band is two quantiles of the ratio measured / predicted on rows the fit did no
 
 A whole step's band is the union of (a) its stack's phase band and (b) the band its kernels
 imply: every kernel component moved to its own p10 / p90 together (errors of one step's kernels
-are strongly correlated: the same shapes repeat in every layer), the CPU-side overheads held.
+are strongly correlated: the same shapes repeat in every layer), the overheads held.
 A stack without measured steps (calibrated on serving runs, or none) gets (b) only; its own
 error is then not in the band, which the output says (``interval_basis``).
 
