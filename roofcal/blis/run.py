@@ -167,14 +167,15 @@ class SimResult:
 
 
 def find_blis(path: str | os.PathLike | None = None) -> Path:
-    """The BLIS binary: ``path``, else ``$ROOFCAL_BLIS``; it must be an executable file."""
+    """The BLIS binary: ``path``, else ``$ROOFCAL_BLIS``; it must be an executable file. Returned
+    absolute: BLIS runs in a temporary working directory, where a relative path means nothing."""
     chosen = path if path not in (None, "") else os.environ.get(BLIS_ENV) or None
     if chosen is None:
         raise RoofcalError(f"no BLIS binary: pass --blis PATH or set {BLIS_ENV}")
     p = Path(chosen)
     if not p.is_file() or not os.access(p, os.X_OK):
         raise RoofcalError(f"{p}: not an executable file (the BLIS binary)")
-    return p
+    return p.resolve()
 
 
 def model_config_folder(exp: Experiment, folders: Sequence[str | os.PathLike]) -> Path:

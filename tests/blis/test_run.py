@@ -175,6 +175,10 @@ def test_find_blis(tmp_path, monkeypatch):
     assert find_blis(plain) == plain
     monkeypatch.setenv("ROOFCAL_BLIS", str(plain))
     assert find_blis(None) == plain
+    # a relative path comes back absolute: BLIS runs in a temporary working directory
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROOFCAL_BLIS", "plain")
+    assert find_blis(None) == plain and find_blis(None).is_absolute()
 
 
 @needs_blis
