@@ -17,7 +17,7 @@ from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
 from roofcal.model import domain
 from roofcal.model import intervals
-from roofcal.model.combine import NON_COMPONENT, op_peak_and_bandwidth, step_breakdown
+from roofcal.model.combine import CPU, NON_COMPONENT, OVERLAP, op_peak_and_bandwidth, step_breakdown
 from roofcal.physics import components as C
 from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
@@ -78,8 +78,8 @@ def step_outputs(params: dict, model, gpu, tp: int, batch):
 
 
 #: leading columns of :func:`predict`, in order (``measured_us`` only when given)
-FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "predicted_us", "p10_us",
-         "p90_us", "interval_basis")
+FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "measured_cycle_us",
+         "predicted_us", "p10_us", "p90_us", "interval_basis", "predicted_gpu_us")
 
 
 def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
@@ -92,9 +92,11 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     ``stack``: the serving stack (a name in the file, ``none`` for kernels only, or
     ``FILE:NAME``; default the file's own).
 
-    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``measured_us`` (when
-    given), ``predicted_us``, the 80 % interval ``p10_us``, ``p90_us`` and its
-    ``interval_basis`` (:func:`roofcal.model.intervals.step_interval`), one ``<component>_us``
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``measured_us`` and
+    ``measured_cycle_us`` (the steps' ``duration_us`` and ``cycle_us``, when given),
+    ``predicted_us`` (the whole step: what a cycle takes), the 80 % interval ``p10_us``,
+    ``p90_us`` and its ``interval_basis`` (:func:`roofcal.model.intervals.step_interval`),
+    ``predicted_gpu_us`` (its GPU side: compare a trace's ``duration_us``), one ``<component>_us``
     column per kernel, ``overhead_us`` and ``overlap_us`` (CPU time hidden behind the GPU's,
     ≤ 0), then ``flops`` and ``bytes`` (one GPU, whole step), then the out-of-domain flags
     :data:`roofcal.model.domain.STEP_FLAGS` (``ood_shape`` in log2 units, ``ood_what``,
@@ -108,7 +110,10 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
         df = pd.DataFrame(index=range(len(recs)))
         if any(r.duration_us is not None for r in recs):
             df["measured_us"] = [np.nan if r.duration_us is None else r.duration_us for r in recs]
+        if any(r.cycle_us is not None for r in recs):
+            df["measured_cycle_us"] = [np.nan if r.cycle_us is None else r.cycle_us for r in recs]
         df["predicted_us"] = out["total"]
+        df["predicted_gpu_us"] = out["total"] - out[OVERLAP] - out[CPU]
         df["p10_us"], df["p90_us"], df["interval_basis"] = intervals.step_interval(
             c.op_bands, c.stack_bands, step_ops(spec, t, totals), out, out["total"], totals)
         for name in sorted(k for k in out if k not in NON_COMPONENT):

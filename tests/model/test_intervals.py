@@ -179,3 +179,22 @@ def test_per_op_rows_carry_their_regime_band(tmp_path):
     assert df.p90_us[1] == pytest.approx(df.predicted_us[1] * mem.p90, rel=1e-6)
     cols = list(df.columns)
     assert cols[cols.index("predicted_us"):cols.index("predicted_us") + 3] == ["predicted_us", "p10_us", "p90_us"]
+
+
+def test_trace_steps_show_cycle_and_gpu_side():
+    # a step measured by vLLM's tracing: GPU forward time and cycle time side by side with the
+    # predicted GPU side and the predicted cycle
+    s = Step(decode=(512,) * 8, duration_us=9000.0, cycle_us=12000.0)
+    df = predict([s], model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE, stack="vllm")
+    r = df.iloc[0]
+    assert (r.measured_us, r.measured_cycle_us) == (9000.0, 12000.0)
+    kernels = sum(r[c] for c in df.columns if c.endswith("_us") and c not in
+                  ("measured_us", "measured_cycle_us", "predicted_us", "p10_us", "p90_us",
+                   "predicted_gpu_us", "overhead_us", "overlap_us"))
+    # the GPU side is the kernels plus the GPU overheads: launch gaps on 80 layers and
+    # synchronisation on 2 all-reduces per layer with 3 peers each
+    o = yaml.safe_load(open(H100_FILE))["stacks"]["vllm"]["overheads_us"]
+    gpu_overheads = 80 * o["layer_us"] + 2 * 80 * 3 * o["allreduce_peer_us"]
+    assert r.predicted_gpu_us == pytest.approx(kernels + gpu_overheads, rel=1e-5)
+    # the cycle adds the CPU work less what hides behind the GPU
+    assert r.predicted_gpu_us < r.predicted_us < r.predicted_gpu_us + r.overhead_us

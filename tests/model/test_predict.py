@@ -10,7 +10,7 @@ from roofcal.physics.config import load_model
 from roofcal.model.correction import neutral_params
 from roofcal.physics.hardware import load_gpu
 from roofcal.model.combine import step_breakdown
-from roofcal.model.predict import predict
+from roofcal.model.predict import FRONT, predict
 from roofcal.physics.steps import Step, batch_steps
 
 H100 = load_gpu("h100_sxm")
@@ -27,7 +27,9 @@ def total(step, tp=4, model=L70, params=None):
 def test_breakdown_sums_to_prediction():
     df = predict([Step(prefill=((512, 0),), decode=(100, 200))], model="llama-2-70b-hf",
                  gpu="h100_sxm", tp=4)
-    comp = [c for c in df.columns if c.endswith("_us") and c != "predicted_us"]
+    # components: every µs column but the leading ones (measured, predicted, interval, GPU side)
+    comp = [c for c in df.columns if c.endswith("_us") and c not in FRONT]
+    assert "predicted_gpu_us" in df.columns and "predicted_gpu_us" not in comp
     assert df[comp].sum(axis=1)[0] == pytest.approx(df.predicted_us[0], rel=1e-5)
     assert df.flops[0] > 0 and df.bytes[0] > 0 and df.phase[0] == "mixed"
 
