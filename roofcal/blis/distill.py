@@ -154,6 +154,11 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
         alpha = [float(st.alphas_us[n]) for n in coeff_io.ALPHAS]
         how = "calibrated on serving runs" if str(st.source.get("kind", "")).startswith("workload") \
             else "measured from request journeys: " + ", ".join(st.source["alphas"]["measured"])
+        ft = st.source.get("first_token") or {}
+        if ft.get("cycles"):               # BLIS has no per-request step-time term: α0 carries it
+            alpha[0] += float(ft["cycles"]) * float(ft["mean_cycle_us"])
+            how += (f"; alpha0 includes a first-token delay of {ft['cycles']:g} x "
+                    f"{float(ft['mean_cycle_us']):.0f} us, the mean cycle of the calibration runs")
         alpha_source = f"from serving stack '{c.stack}' ({how})"
     provenance["stack"] = c.stack if c is not None else None
     return BlisForm(tuple(alpha), tuple(result.beta), hw_name, hw, tuple(deps), alpha_source, provenance, metrics)

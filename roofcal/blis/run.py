@@ -520,18 +520,22 @@ def sim_result(exp: Experiment, metrics: Mapping, arrivals: str, kv: int, kv_sou
 
 
 def run_experiments(exps: Sequence[Experiment], settings: BlisSettings,
-                    alpha: Sequence[float] | None = None, beta: Sequence[float] | None = None,
+                    alpha: "Sequence[float] | Mapping[str, Sequence[float]] | None" = None,
+                    beta: Sequence[float] | None = None,
                     progress: bool = True, keep: str | os.PathLike | None = None) -> list[SimResult]:
     """:func:`run_experiment` on every experiment, up to ``settings.workers`` BLIS processes at once;
-    results in input order. With ``progress`` a line per finished run goes to stderr. The first
-    failure cancels the runs not yet started and is raised."""
+    results in input order. ``alpha`` is one set for every run or {experiment name: alphas}. With
+    ``progress`` a line per finished run goes to stderr. The first failure cancels the runs not
+    yet started and is raised."""
     exps = list(exps)
-    coefficient_flags(alpha, beta)                      # refuse bad coefficients before any run
+    alphas = {e.name: (alpha[e.name] if isinstance(alpha, Mapping) else alpha) for e in exps}
+    for a in alphas.values() or [alpha]:
+        coefficient_flags(a, beta)                      # refuse bad coefficients before any run
     if not exps:
         return []
     results: list[SimResult | None] = [None] * len(exps)
     with ThreadPoolExecutor(max_workers=min(int(settings.workers), len(exps))) as pool:
-        futures = {pool.submit(run_experiment, e, settings, alpha, beta, keep): i
+        futures = {pool.submit(run_experiment, e, settings, alphas[e.name], beta, keep): i
                    for i, e in enumerate(exps)}
         try:
             for done, fut in enumerate(as_completed(futures), 1):

@@ -82,9 +82,11 @@ class WorkloadSettings:
     samples: int = WORKLOAD_DEFAULTS["samples"]       # distillation steps per deployment
     seed: int = 0
     trust: float = 1.0            # pseudo-runs holding θ near the last BLIS refresh (after the first)
+    first_token_cycles: float = 0.0   # cycles between a step and its tokens reaching the client
 
     def record(self) -> dict:
         return {"refreshes": self.refreshes, "lm_iters": self.lm_iters, "trust": self.trust,
+                "first_token_cycles": self.first_token_cycles,
                 "prior_weight": self.prior_weight, "distill_samples": self.samples, "seed": self.seed,
                 "loss": "mean squared log-ratio of mean E2E, TTFT, ITL per run + Gaussian prior on log θ"}
 
@@ -160,17 +162,66 @@ def case_of(exp, model_spec) -> Case:
                 np.array([m.e2e_ms, m.ttft_ms, m.itl_ms], np.float64) * 1000.0)
 
 
-def predict_case(theta, ops: dict, gpu, case: Case) -> jnp.ndarray:
-    """Steady-state (E2E, TTFT, ITL) means of a run, µs, shape (3,)."""
+def run_state(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0) -> dict:
+    """Steady-state means of a run (µs): ``e2e_us``, ``ttft_us``, ``itl_us`` and the cycle
+    ``step_us`` (:func:`roofcal.model.serving.run_means`)."""
     params = {"ops": ops, "step": step_params(theta)}
     alphas = alphas_of(theta)
     stages = []
     for ld, grid in zip(case.loads, case.grids):
         t = step_breakdown(params, case.model, gpu, case.tp, grid)["total"]
         n = ld.max_seqs + 1
-        stages.append(steady_state(t[:n], t[n:], ld, alphas))
-    m = run_means(stages, list(case.loads))
+        stages.append(steady_state(t[:n], t[n:], ld, alphas, first_token_cycles))
+    return run_means(stages, list(case.loads))
+
+
+def predict_case(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0) -> jnp.ndarray:
+    """Steady-state (E2E, TTFT, ITL) means of a run, µs, shape (3,)."""
+    m = run_state(theta, ops, gpu, case, first_token_cycles)
     return jnp.stack([m["e2e_us"], m["ttft_us"], m["itl_us"]])
+
+
+def stack_theta(st: Stack) -> np.ndarray:
+    """θ of a stack in a coefficient file (its overheads, overlap and alphas)."""
+    from roofcal.model.coeffs import step_to_dict
+    d = step_to_dict(st.params)
+    o = d["overheads_us"]
+    return physical_to_theta({"step_us": o["step_us"], "decode_seq_us": o["decode_seq_us"],
+                              "prefill_seq_us": o["prefill_seq_us"], "layer_us": o["layer_us"],
+                              "overlap": d["overlap_sharpness"],
+                              **{n: max(float(st.alphas_us[n]), 1e-6) for n in ALPHAS}})
+
+
+def cycles_of(theta, coeffs: Coefficients, exps, model_configs, first_token_cycles: float) -> np.ndarray:
+    """Each run's steady-state mean cycle (µs) under stack θ and ``coeffs``' kernels."""
+    from roofcal.blis.run import model_config_folder
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(coeffs.gpu)
+    th = jnp.asarray(theta, jnp.float32)
+    return np.array([float(run_state(th, coeffs.params["ops"], gpu,
+                                     case_of(e, load_model(model_config_folder(e, model_configs) / "config.json")),
+                                     first_token_cycles)["step_us"]) for e in exps], np.float64)
+
+
+def replay_alphas(coeffs: Coefficients, exps, alpha, model_configs):
+    """The alphas BLIS replays ``exps`` with for ``coeffs``' stack: ``alpha`` as it is, or per run
+    (:func:`run_alphas`) when the stack was calibrated with a first-token delay."""
+    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
+    ftc = float(((st.source if st is not None else {}).get("first_token") or {}).get("cycles", 0.0))
+    if not ftc:
+        return alpha
+    return run_alphas(alpha, cycles_of(stack_theta(st), coeffs, exps, model_configs, ftc),
+                      [e.name for e in exps], ftc)
+
+
+def run_alphas(alpha, cycles_us, names, first_token_cycles: float) -> dict:
+    """BLIS alphas per run ({name: alpha}): α0 plus ``first_token_cycles`` × the run's mean cycle
+    (µs). BLIS has no request term proportional to the step time; α0 only delays a request's
+    entry into the queue, so with open-loop arrivals it adds exactly to TTFT and E2E — the one
+    place a run's first-token delay can go."""
+    return {n: (float(alpha[0]) + first_token_cycles * float(c),) + tuple(float(a) for a in alpha[1:])
+            for n, c in zip(names, cycles_us)}
 
 
 def _residual_fn(ops, gpu, cases, settings):
@@ -183,7 +234,8 @@ def _residual_fn(ops, gpu, cases, settings):
     w = math.sqrt(settings.prior_weight)
 
     def residuals(theta, delta, anchor, w_trust):
-        r = [jnp.log(predict_case(theta, ops, gpu, c)) + delta[i] - jnp.log(c.measured_us)
+        r = [jnp.log(predict_case(theta, ops, gpu, c, settings.first_token_cycles)) + delta[i]
+             - jnp.log(c.measured_us)
              for i, c in enumerate(cases)]
         return jnp.concatenate(r + [w * (theta - centre) / sd, w_trust * (theta - anchor) / sd])
     return jax.jit(residuals), jax.jit(jax.jacfwd(residuals))
@@ -336,7 +388,9 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
     theta = physical_to_theta({n: PRIOR[n][0] for n in THETA})
     delta = [np.zeros(3) for _ in cases]
     history, best = [], None
-    model_fn = jax.jit(lambda th: jnp.stack([predict_case(th, ops, gpu, c) for c in cases]))
+    ftc = settings.first_token_cycles
+    model_fn = jax.jit(lambda th: jnp.stack([predict_case(th, ops, gpu, c, ftc) for c in cases]))
+    cycle_fn = jax.jit(lambda th: jnp.stack([run_state(th, ops, gpu, c, ftc)["step_us"] for c in cases]))
     res, jac = _residual_fn(ops, gpu, cases, settings)
     for k in range(settings.refreshes):
         args = (jnp.asarray(np.stack(delta), jnp.float32), jnp.asarray(theta, jnp.float32),
@@ -346,7 +400,9 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32)), np.float64) / 1000.0
         c = coeff_io.add_stack(coeffs, name, stack_of(theta, {"kind": SOURCE_KIND}), default=True)
         alpha, beta = distil(c, deploy, dirs, blis_settings, settings.samples, settings.seed)
-        results = run_experiments(exps, blis_settings, alpha, beta, progress=progress)
+        cycles = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32)), np.float64)
+        per_run = run_alphas(alpha, cycles, [e.name for e in exps], ftc) if ftc else alpha
+        results = run_experiments(exps, blis_settings, per_run, beta, progress=progress)
         blis_ms = _blis_means(results)
         loss = float(np.mean(np.log(blis_ms / meas_ms) ** 2))
         it = Iterate({n: float(v) for n, v in theta_to_physical(jnp.asarray(theta)).items()},
@@ -378,6 +434,11 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         "settings": settings.record(),
         "blis_mape_pct": {k: round(v, 2) for k, v in it.mape.items()},
     }
+    if ftc:
+        cyc = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32)), np.float64)
+        source["first_token"] = {"cycles": ftc, "mean_cycle_us": round(float(np.mean(cyc)), 1),
+                                 "note": "BLIS replays take alpha0 + cycles x the run's steady-state "
+                                         "cycle; export blis writes alpha0 + cycles x mean_cycle_us"}
     return WorkloadCalibration(stack_of(theta, source), it, history, time.time() - t0)
 
 
@@ -423,7 +484,8 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     c = coeff_io.roundtrip(c)
     fitted = {r.experiment: r for r in cal.best.results}
     rest = [e for e in exps if e.name not in fitted and (overload or not e.overload)]
-    more = {r.experiment: r for r in run_experiments(rest, blis_settings, cal.best.alpha, cal.best.beta, progress=True)}
+    alpha_rest = replay_alphas(c, rest, cal.best.alpha, blis_settings.model_configs) if rest else cal.best.alpha
+    more = {r.experiment: r for r in run_experiments(rest, blis_settings, alpha_rest, cal.best.beta, progress=True)}
     shown = [e for e in exps if e.name in fitted or e.name in more]
     results = [fitted.get(e.name) or more[e.name] for e in shown]
     v = validation_of(shown, results, blis_settings, sum(r.wall_s for r in results))

@@ -52,11 +52,16 @@ def coefficients_from_args(a, exps, settings):
         return None, None
     from roofcal.calibration.workload import export_for
     from roofcal.model import coeffs as coeff_io
+    from roofcal.calibration.workload import replay_alphas
     c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
     alpha, beta = export_for(c, [e for e in exps if not e.overload] or exps, settings)
     print(f"exported {a.coeffs} (stack {c.stack or 'none'}): --alpha-coeffs "
           f"{','.join(f'{x:.6g}' for x in alpha)} --beta-coeffs {','.join(f'{x:.6g}' for x in beta)}")
-    return alpha, beta
+    per_run = replay_alphas(c, exps, alpha, settings.model_configs)
+    if per_run is not alpha:
+        print("  first-token delay: alpha0 per run = " + ", ".join(
+            f"{name}: {v[0]:.0f}" for name, v in per_run.items()))
+    return per_run, beta
 
 
 def cmd_validate(a) -> None:
@@ -79,7 +84,8 @@ def cmd_calibrate(a) -> None:
 
     exps = read_experiments(a.experiments)
     settings = settings_from_args(a)
-    ws = WorkloadSettings(refreshes=a.refreshes, samples=a.samples)
+    ws = WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
+                          first_token_cycles=a.first_token_cycles)
     out = a.out or a.coeffs
     res = calibrate_file(a.coeffs, exps, settings, ws, out, name=a.name, holdout=a.holdout)
     print(res.text)
@@ -95,7 +101,8 @@ def cmd_lomo(a) -> None:
     exps = read_experiments(a.experiments)
     settings = settings_from_args(a)
     held, m, reports = leave_one_model_out(a.coeffs, exps, settings,
-                                           WorkloadSettings(refreshes=a.refreshes, samples=a.samples))
+                                           WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
+                                                            first_token_cycles=a.first_token_cycles))
     cols = ["experiment", "overload"] + [f"err_{k}_pct" for k in ("e2e", "ttft", "itl")]
     print(table(held.to_dict("records"), cols, floats="{:+.1f}"))
     print(f"held-out MAPE over {int((~held['overload'].astype(bool)).sum())} runs: E2E {m['e2e']:.1f} %, "
@@ -144,6 +151,10 @@ def _calibration_options(s) -> None:
                    help=f"BLIS replays of the runs per calibration (default {d.refreshes})")
     s.add_argument("--samples", type=int, default=d.samples,
                    help=f"distillation steps per deployment (default {d.samples})")
+    s.add_argument("--first-token-cycles", type=float, default=0.0, metavar="C",
+                   help="cycles between a step and its tokens reaching the client (vLLM processes "
+                        "a step's outputs during the next step: 1); BLIS replays then take alpha0 + "
+                        "C x each run's steady-state cycle (default 0: one alpha0 for all runs)")
 
 
 def register(sub) -> None:

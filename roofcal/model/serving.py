@@ -13,9 +13,14 @@ The mean-field picture of a vLLM server (or BLIS's replay of one) fed Poisson ar
   ``α2`` of output processing per token and ``α1`` once at the end (BLIS's alphas,
   docs/blis-latency-models.md §1.7)::
 
-      TTFT = α0 + τ/2 + t_mixed(D) + α2
+      TTFT = α0 + τ/2 + t_mixed(D) + α2 + c·τ
       ITL  = τ + α2
       E2E  = TTFT + (output − 1) · ITL + α1
+
+  where ``c`` (``first_token_cycles``, default 0) is how many cycles after its step a token
+  reaches the client: vLLM processes a step's outputs while the next step runs, so a token leaves
+  about one cycle after the step that computed it (first and last token alike: TTFT and E2E
+  shift, ITL does not).
 
 It is differentiable in the step times and alphas, which is what calibration needs: the Jacobian
 of the measured means with respect to a serving stack's parameters
@@ -67,11 +72,12 @@ def step_grid(load: Load) -> StepBatch:
     return batch_steps(decode + mixed)
 
 
-def steady_state(t_decode, t_mixed, load: Load, alphas) -> dict:
-    """Mean TTFT, ITL, E2E (µs) and running requests ``D`` of one stage.
+def steady_state(t_decode, t_mixed, load: Load, alphas, first_token_cycles: float = 0.0) -> dict:
+    """Mean TTFT, ITL, E2E (µs), cycle ``step_us`` and running requests ``D`` of one stage.
 
     ``t_decode`` / ``t_mixed``: step times (µs) for D = 0 … max_seqs (:func:`step_grid`);
-    ``alphas``: (α0 queueing, α1 post-decode, α2 per output token) in µs."""
+    ``alphas``: (α0 queueing, α1 post-decode, α2 per output token) in µs;
+    ``first_token_cycles``: cycles between a step and its tokens reaching the client."""
     grid = jnp.arange(load.max_seqs + 1, dtype=jnp.float32)
     rate = load.rate * 1e-6                                     # requests/µs
 
@@ -84,7 +90,7 @@ def steady_state(t_decode, t_mixed, load: Load, alphas) -> dict:
     tau = jax.lax.fori_loop(0, ITERATIONS, lambda _, t: 0.5 * t + 0.5 * mean_step(t), t_mixed[1])
     d = jnp.clip(rate * (load.output - 1) * tau, 0.0, float(load.max_seqs))
     a0, a1, a2 = alphas[0], alphas[1], alphas[2]
-    ttft = a0 + 0.5 * tau + jnp.interp(d, grid, t_mixed) + a2
+    ttft = a0 + 0.5 * tau + jnp.interp(d, grid, t_mixed) + a2 + first_token_cycles * tau
     itl = tau + a2
     return {"ttft_us": ttft, "itl_us": itl, "e2e_us": ttft + (load.output - 1) * itl + a1,
             "step_us": tau, "running": d}
@@ -94,4 +100,5 @@ def run_means(stages: list[dict], loads: list[Load]) -> dict:
     """Means over a run's stages, weighted by their requests (as a run's per-request means are)."""
     w = np.array([ld.requests for ld in loads], np.float64)
     w = w / w.sum()
-    return {k: sum(wi * s[k] for wi, s in zip(w, stages)) for k in ("ttft_us", "itl_us", "e2e_us")}
+    keys = [k for k in ("ttft_us", "itl_us", "e2e_us", "step_us") if all(k in s for s in stages)]
+    return {k: sum(wi * s[k] for wi, s in zip(w, stages)) for k in keys}

@@ -27,6 +27,7 @@ from roofcal.blis.run import (
     kv_blocks,
     model_config_folder,
     run_experiment,
+    run_experiments,
     stage_of,
     workload_spec,
 )
@@ -281,3 +282,22 @@ def test_kv_blocks_from_capacity_where_vllm_did_not_log_them():
     assert kv_blocks(read_experiment(RUNS / CODEGEN_7B), settings(kv_blocks="capacity")) == (7463, "vllm-log")
     with pytest.raises(RoofcalError, match="kv_blocks must be"):
         settings(kv_blocks="guess")
+
+
+@needs_blis
+def test_per_run_alphas_shift_each_run_by_its_own_alpha0(tmp_path):
+    """A first-token delay of one cycle per run (roofcal.calibration.workload.run_alphas): each
+    run gets α0 + its cycle; α0 only delays entry into the queue, so TTFT and E2E move by exactly
+    that and ITL not at all."""
+    from roofcal.calibration.workload import run_alphas
+    a = read_experiment(tiny_experiment(tmp_path, "tiny-a"))
+    b = read_experiment(tiny_experiment(tmp_path, "tiny-b"))
+    per_run = run_alphas((A0, A1, A2), [0.0, 7000.0], ["tiny-a", "tiny-b"], 1.0)
+    assert per_run == {"tiny-a": (A0, A1, A2), "tiny-b": (A0 + 7000.0, A1, A2)}
+    ra, rb = run_experiments([a, b], settings(prompts="fresh"), per_run, BETA, progress=False)
+    sa, sb = ra.scopes["summary"], rb.scopes["summary"]
+    assert sb.ttft_ms - sa.ttft_ms == pytest.approx(7.0, abs=1e-6)
+    assert sb.e2e_ms - sa.e2e_ms == pytest.approx(7.0, abs=1e-6)
+    assert sb.itl_ms == pytest.approx(sa.itl_ms, abs=1e-9)
+    with pytest.raises(KeyError):                      # every run needs its alphas
+        run_experiments([a, b], settings(), {"tiny-a": (A0, A1, A2)}, BETA, progress=False)

@@ -50,3 +50,18 @@ def test_run_means_weight_stages_by_requests():
     stages = [{"ttft_us": 30.0, "itl_us": 3.0, "e2e_us": 300.0}, {"ttft_us": 60.0, "itl_us": 6.0, "e2e_us": 600.0}]
     m = run_means(stages, loads)
     assert m["ttft_us"] == pytest.approx(50.0) and m["e2e_us"] == pytest.approx(500.0)
+
+
+def test_first_token_cycles_shift_ttft_and_e2e_not_itl():
+    # flat step times: τ = 10,000 µs whatever the batch; 2 req/s, 11 output tokens, 4 slots
+    ld = Load(2.0, 600, 600, 0, 11, 4)
+    t = np.full(5, 10_000.0, np.float32)
+    a = np.array([1000.0, 500.0, 20.0], np.float32)
+    base = steady_state(t, t, ld, a)
+    late = steady_state(t, t, ld, a, first_token_cycles=1.0)
+    assert float(base["step_us"]) == pytest.approx(10_000.0)
+    # TTFT = α0 + τ/2 + t_mixed + α2 (+ one τ): 1000 + 5000 + 10000 + 20 = 16,020 → 26,020 µs
+    assert float(base["ttft_us"]) == pytest.approx(16_020.0)
+    assert float(late["ttft_us"]) == pytest.approx(26_020.0)
+    assert float(late["itl_us"]) == float(base["itl_us"]) == pytest.approx(10_020.0)
+    assert float(late["e2e_us"]) - float(base["e2e_us"]) == pytest.approx(10_000.0)
