@@ -8,6 +8,6 @@ a serving stack to measured serving runs with BLIS in the loop.
 
 #: defaults of :class:`.workload.WorkloadSettings` the command line shows (kept here so it need
 #: not import JAX to show them)
-WORKLOAD_DEFAULTS = {"refreshes": 4, "samples": 800}
+WORKLOAD_DEFAULTS = {"refreshes": 4, "samples": 800, "first_token_cycles": 1.0}
 #: names of :data:`.fit.STEP_TARGETS` (for the command line)
 STEP_TARGET_NAMES = ("step", "gpu", "cycle", "gpu+cycle")

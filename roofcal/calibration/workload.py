@@ -82,7 +82,7 @@ class WorkloadSettings:
     samples: int = WORKLOAD_DEFAULTS["samples"]       # distillation steps per deployment
     seed: int = 0
     trust: float = 1.0            # pseudo-runs holding θ near the last BLIS refresh (after the first)
-    first_token_cycles: float = 0.0   # cycles between a step and its tokens reaching the client
+    first_token_cycles: float = WORKLOAD_DEFAULTS["first_token_cycles"]   # cycles from a step to its tokens at the client
 
     def record(self) -> dict:
         return {"refreshes": self.refreshes, "lm_iters": self.lm_iters, "trust": self.trust,

@@ -151,10 +151,11 @@ def _calibration_options(s) -> None:
                    help=f"BLIS replays of the runs per calibration (default {d.refreshes})")
     s.add_argument("--samples", type=int, default=d.samples,
                    help=f"distillation steps per deployment (default {d.samples})")
-    s.add_argument("--first-token-cycles", type=float, default=0.0, metavar="C",
+    s.add_argument("--first-token-cycles", type=float, default=d.first_token_cycles, metavar="C",
                    help="cycles between a step and its tokens reaching the client (vLLM processes "
-                        "a step's outputs during the next step: 1); BLIS replays then take alpha0 + "
-                        "C x each run's steady-state cycle (default 0: one alpha0 for all runs)")
+                        "a step's outputs during the next step); BLIS replays take alpha0 + C x each "
+                        f"run's steady-state cycle (default {d.first_token_cycles:g}; 0: one alpha0 "
+                        "for all runs)")
 
 
 def register(sub) -> None:

@@ -411,6 +411,9 @@ def test_export_of_a_workload_calibrated_stack_writes_its_alphas(tmp_path):
                  "--samples", SAMPLES, "--model", "llama-2-7b-hf:1"]) == 0
     doc = dup_free_load(out.read_text())["trained_physics_coefficients"]
     want = [c.stacks["vllm"].alphas_us[n] for n in ("queueing_us", "post_decode_us", "output_token_us")]
+    ft = c.stacks["vllm"].source.get("first_token") or {}
+    if ft:                        # α0 carries the first-token delay: cycles × the runs' mean cycle
+        want[0] += ft["cycles"] * ft["mean_cycle_us"]
     assert doc["alpha_coeffs"] == pytest.approx(want, rel=1e-6)
     kernels_only = tmp_path / "k.yaml"
     assert main(["export", "blis", "--coeffs", str(H100_COEFFS), "--defaults", str(DEFAULTS), "--out",

@@ -108,7 +108,16 @@ def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
         assert v > 0 and (name != "overlap" or v >= 1)
     alphas = [st.alphas_us[n] for n in coeff_io.ALPHAS]
     assert alphas == pytest.approx(list(rep.calibration.best.alpha), rel=1e-6)
-    again = validate([exp], bs, rep.calibration.best.alpha, rep.calibration.best.beta, progress=False)
+    # replayed as `workload validate` does (α0 + one steady-state cycle of the run), BLIS gives
+    # exactly what the calibration saw; with the bare α0 every request is one cycle earlier
+    per_run = W.replay_alphas(c, [exp], rep.calibration.best.alpha, bs.model_configs)
+    assert st.source["first_token"]["cycles"] == 1.0
+    cycle_us = per_run[exp.name][0] - rep.calibration.best.alpha[0]
+    assert cycle_us == pytest.approx(st.source["first_token"]["mean_cycle_us"], rel=1e-3)
+    again = validate([exp], bs, per_run, rep.calibration.best.beta, progress=False)
     row = again.table[again.table["scope"] == "summary"].iloc[0]
     first = rep.validation.table[rep.validation.table["scope"] == "summary"].iloc[0]
     assert row["sim_e2e_ms"] == first["sim_e2e_ms"] and row["sim_ttft_ms"] == first["sim_ttft_ms"]
+    bare = validate([exp], bs, rep.calibration.best.alpha, rep.calibration.best.beta, progress=False)
+    b = bare.table[bare.table["scope"] == "summary"].iloc[0]
+    assert first["sim_ttft_ms"] - b["sim_ttft_ms"] == pytest.approx(cycle_us / 1000, abs=1e-3)   # whole µs in BLIS
