@@ -9,7 +9,7 @@ plus one cycle (the first token leaving one step after its prefill step).
 
 With ``--blis PATH`` the same on BLIS itself: the file's export replayed once with α0 = 0 (α0
 only delays a request's entry into the queue, so with open-loop arrivals it adds exactly to TTFT
-and E2E: measured 23.15 ms on every run for the shipped α0), BLIS's ITL as the cycle. Only α0
+and E2E: measured 23.15 ms on every run for an α0 of 23.15 ms), BLIS's ITL as the cycle. Only α0
 is refitted per held-out model here — the stack and betas stay the file's.
 
     python -m roofcal.bench.ttft_gap [--coeffs coeffs/h100_sxm.yaml] [--stack vllm] [--blis PATH] [EXP_DIR]
