@@ -11,6 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIGS = ROOT / "model_configs"
 COEFFS = ROOT / "coeffs"
+#: the measured zero-shot error bands (roofcal.transfer.bands)
+TRANSFER_BANDS = COEFFS / "transfer_bands.yaml"
 DATA = ROOT / "data"
 MICROBENCH = DATA / "microbench"
 STEPS = DATA / "steps"

@@ -118,33 +118,19 @@ def zero_shot_coverage(h100, a100) -> list[dict]:
 def throughput(coeffs, steps: int = 1_000_000) -> dict:
     """Steps per second of whole-step prediction with bands and out-of-domain flags, once
     compiled (Llama-2-70B TP 4 on H100; :func:`roofcal.bench.fits.random_batch`): what
-    :func:`roofcal.model.predict.predict` computes per deployment — the compiled
-    :func:`~roofcal.model.predict.step_outputs`, then
-    :func:`~roofcal.model.intervals.step_interval` and
-    :func:`~roofcal.model.domain.step_flags` — without building the DataFrame."""
-    import jax
+    :func:`roofcal.model.predict.predict` computes per deployment
+    (:func:`~roofcal.model.predict.step_arrays`), without building the DataFrame."""
     from roofcal.bench.fits import random_batch
-    from roofcal.model import domain
-    from roofcal.model.predict import step_outputs
+    from roofcal.model.predict import step_arrays
     from roofcal.physics.config import load_model
-    from roofcal.physics.decompose import step_ops
     from roofcal.physics.hardware import load_gpu
     model, gpu = load_model("llama-2-70b-hf"), load_gpu("h100_sxm")
     batch, _ = random_batch(steps)
-
-    def once():
-        parts, numeric = step_outputs(coeffs.params, model, gpu, 4, batch)
-        out = {k: np.asarray(v) for k, v in parts.items()}
-        totals = jax.tree_util.tree_map(np.asarray, numeric[-1])
-        IV.step_interval(coeffs.op_bands, coeffs.stack_bands, step_ops(model, 4, totals), out,
-                         out["total"], totals)
-        domain.step_flags(coeffs, model, gpu, 4, batch, numeric)
-
-    once()
+    step_arrays(coeffs, model, gpu, 4, batch)              # compile
     reps = 3
     t0 = time.time()
     for _ in range(reps):
-        once()
+        step_arrays(coeffs, model, gpu, 4, batch)
     per = (time.time() - t0) / reps
     return {"steps": steps, "seconds per call": per, "steps per second": steps / per}
 

@@ -26,21 +26,17 @@ import numpy as np
 def gaps(coeffs_path, stack: str, experiments) -> list[dict]:
     """Per scored run: measured TTFT, the steady-state TTFT with zero alphas and its cycle τ
     (ms)."""
+    from dataclasses import replace
     import jax.numpy as jnp
     from roofcal.blis.run import model_config_folder
     from roofcal.calibration import workload as W
     from roofcal.model import coeffs as C
-    from roofcal.model.coeffs import step_to_dict
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     from roofcal.resources import MODEL_CONFIGS
     c = C.resolve_stack(C.load(coeffs_path), stack, required=True)
-    d = step_to_dict(c.params["step"])
-    o = d["overheads_us"]
-    theta = W.physical_to_theta({"step_us": o["step_us"], "decode_seq_us": o["decode_seq_us"],
-                                 "prefill_seq_us": o["prefill_seq_us"], "layer_us": o["layer_us"],
-                                 "overlap": d["overlap_sharpness"], "queueing_us": 1e-6,
-                                 "post_decode_us": 1e-6, "output_token_us": 1e-6})
+    st = replace(c.stacks[c.stack], alphas_us={n: 0.0 for n in C.ALPHAS})
+    theta = W.stack_theta(st)
     gpu = load_gpu(c.gpu)
     folders = (MODEL_CONFIGS, Path("..") / "shared" / "workload" / "model_configs")
     rows = []

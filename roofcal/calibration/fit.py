@@ -61,8 +61,8 @@ def measured(d, field_name: str) -> np.ndarray:
 def predicted(out: dict, what: str):
     """The predicted ``step`` (µs, the breakdown's total) or its ``gpu`` side (total less the
     CPU work and the overlap that hides part of it) from a :func:`step_breakdown` output."""
-    from roofcal.model.combine import CPU, OVERLAP
-    return out["total"] if what == "step" else out["total"] - out[OVERLAP] - out[CPU]
+    from roofcal.model.combine import gpu_side
+    return out["total"] if what == "step" else gpu_side(out)
 
 
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean

@@ -145,12 +145,12 @@ def register(sub) -> None:
                         f"roofcal/transfer/bootstrap.py)")
     s.add_argument("--out", required=True, help="coefficient file to write")
     s.set_defaults(func=cmd_gpu_bootstrap)
-    from roofcal.resources import COEFFS
+    from roofcal.resources import TRANSFER_BANDS
     s = gs.add_parser("transfer-bands", help="measure the zero-shot error bands bootstraps carry "
                                              "(H100 <-> A100 fits on the bundled per-op rows)")
     s.add_argument("--h100", help="H100 coefficient file (default coeffs/h100_sxm.yaml)")
     s.add_argument("--a100", help="A100 coefficient file (default coeffs/a100_sxm.yaml)")
-    s.add_argument("--out", default=str(COEFFS / "transfer_bands.yaml"),
+    s.add_argument("--out", default=str(TRANSFER_BANDS),
                    help="file to write (default the shipped one, coeffs/transfer_bands.yaml)")
     s.set_defaults(func=cmd_gpu_transfer_bands)
 

@@ -92,6 +92,13 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
     return out
 
 
+def gpu_side(out: dict):
+    """The GPU side of a :func:`combine` / :func:`step_breakdown` output (µs): the step less its
+    CPU work and the overlap that hides part of it — kernels × in-step scales, launch gaps,
+    all-reduce synchronisation."""
+    return out["total"] - out[OVERLAP] - out[CPU]
+
+
 def overhead_counts(model: ModelSpec, tp: int, t, xp=np):
     """(S, overheads) matrix: how many times each overhead of ``STEP_OVERHEADS`` is paid per step:
     once per busy step, per layer, per prefill sequence, per decode sequence, per token, and per

@@ -66,18 +66,24 @@ TOLERANCE = 1e-4
 # --------------------------------------------------------------------------------------------
 # shapes
 
-def log2_bounds(kind: str, p: dict) -> tuple[np.ndarray, np.ndarray]:
+def log2_bounds(kind: str, p: dict, xp=np) -> tuple:
     """Fitted range of ``kind``'s descriptors as (low, high) arrays in log2(1 + x) units, from the
-    standardized bounds ``p["lo"]``, ``p["hi"]`` (z = (log2(1 + x) − center) / scale)."""
+    standardized bounds ``p["lo"]``, ``p["hi"]`` (z = (log2(1 + x) − center) / scale); float64
+    with NumPy (``xp``), float32 with jax.numpy."""
     k = K.OP_KINDS[kind]
-    c, s = np.asarray(k.center, np.float64), np.asarray(k.scale, np.float64)
-    return (np.asarray(p["lo"], np.float64) * s + c, np.asarray(p["hi"], np.float64) * s + c)
+    f = np.float64 if xp is np else jnp.float32
+    c, s = xp.asarray(k.center, f), xp.asarray(k.scale, f)
+    return xp.asarray(p["lo"], f) * s + c, xp.asarray(p["hi"], f) * s + c
+
+
+def distance(u, low, high, xp=np):
+    """Distance of log2(1 + x) values ``u`` outside [low, high], ≥ 0 (log2 units)."""
+    return xp.maximum(xp.maximum(u - high, low - u), 0.0)
 
 
 def excess(u, low, high) -> np.ndarray:
-    """Distance of log2(1 + x) values ``u`` (rows × descriptors) outside [low, high], ≥ 0
-    (0 below :data:`TOLERANCE`)."""
-    d = np.maximum(np.maximum(u - high, low - u), 0.0)
+    """:func:`distance` of ``u`` (rows × descriptors), 0 below :data:`TOLERANCE`."""
+    d = distance(u, low, high)
     return np.where(d > TOLERANCE, d, 0.0)
 
 
@@ -106,10 +112,10 @@ def op_shape_flags(ops: dict, kind: str, variant: str, z) -> dict:
     return {"ood_shape": d, "ood_what": what, "no_kernel_data": np.full(n, missing)}
 
 
-def _shape_columns(ops: dict, calls: dict, xp):
-    """(labels, distances, missing) of steps' kernel calls: one (S,) distance in log2 units per
-    descriptor of a call with fitted parameters (0 where the call does no work in a step), and
-    whether a measurable call without parameters of its own does work (S,)."""
+def _shape_columns(ops: dict, calls: dict):
+    """(labels, distances, missing) of steps' kernel calls (jax.numpy): one (S,) distance in log2
+    units per descriptor of a call with fitted parameters (0 where the call does no work in a
+    step), and whether a measurable call without parameters of its own does work (S,)."""
     labels, cols, missing = [], [], 0.0
     for name, call in calls.items():
         w = call.work
@@ -119,14 +125,11 @@ def _shape_columns(ops: dict, calls: dict, xp):
             missing = missing + active * 1.0
         if key not in ops:
             continue
-        k = K.OP_KINDS[call.kind]
-        low = p["lo"] * xp.asarray(k.scale, xp.float32) + xp.asarray(k.center, xp.float32)
-        high = p["hi"] * xp.asarray(k.scale, xp.float32) + xp.asarray(k.center, xp.float32)
+        low, high = log2_bounds(call.kind, p, jnp)
         for j, x in enumerate(w.shape):
-            u = xp.log2(1.0 + xp.asarray(x, xp.float32))
-            d = xp.maximum(xp.maximum(u - high[j], low[j] - u), 0.0)
-            cols.append(d * active)
-            labels.append(f"{name}.{k.descriptors[j]}")
+            u = jnp.log2(1.0 + jnp.asarray(x, jnp.float32))
+            cols.append(distance(u, low[j], high[j], jnp) * active)
+            labels.append(f"{name}.{K.OP_KINDS[call.kind].descriptors[j]}")
     return labels, cols, missing
 
 
@@ -140,7 +143,7 @@ def step_numeric(ops: dict, model, tp: int, batch: StepBatch):
     no-kernel-data count, longest sequence in tokens, the :class:`StepTotals`), each (S,).
     The column labels land in :data:`_LABELS` while tracing."""
     t = step_totals(batch, jnp)
-    labels, cols, missing = _shape_columns(ops, step_ops(model, tp, t), jnp)
+    labels, cols, missing = _shape_columns(ops, step_ops(model, tp, t))
     _LABELS[(model, tp, jax.tree_util.tree_structure(ops))] = labels
     rows = batch.prefill_new.shape[0]
     best, arg = jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.int32)

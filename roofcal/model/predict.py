@@ -17,7 +17,7 @@ from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
 from roofcal.model import domain
 from roofcal.model import intervals
-from roofcal.model.combine import CPU, NON_COMPONENT, OVERLAP, op_peak_and_bandwidth, step_breakdown
+from roofcal.model.combine import NON_COMPONENT, gpu_side, op_peak_and_bandwidth, step_breakdown
 from roofcal.physics import components as C
 from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
@@ -77,6 +77,19 @@ def step_outputs(params: dict, model, gpu, tp: int, batch):
     return step_breakdown(params, model, gpu, tp, batch), domain.step_numeric(params["ops"], model, tp, batch)
 
 
+def step_arrays(c, model, gpu, tp: int, batch) -> tuple[dict, tuple, dict]:
+    """What :func:`predict` computes for one deployment's steps, as arrays of shape (S,): the
+    breakdown (µs, :func:`~roofcal.model.combine.step_breakdown`, float64), the 80 % interval
+    ``(p10 µs, p90 µs, basis)`` (:func:`roofcal.model.intervals.step_interval`) and the
+    out-of-domain flags (:func:`roofcal.model.domain.step_flags`); ``c``: the coefficients."""
+    parts, numeric = step_outputs(c.params, model, gpu, tp, batch)
+    out = {k: np.asarray(v, np.float64) for k, v in parts.items()}
+    totals = jax.tree_util.tree_map(np.asarray, numeric[-1])
+    band = intervals.step_interval(c.op_bands, c.stack_bands, step_ops(model, tp, totals), out,
+                                   out["total"], totals)
+    return out, band, domain.step_flags(c, model, gpu, tp, batch, numeric)
+
+
 #: leading columns of :func:`predict`, in order (``measured_us`` only when given)
 FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "measured_cycle_us",
          "predicted_us", "p10_us", "p90_us", "interval_basis", "predicted_gpu_us")
@@ -104,22 +117,19 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     :mod:`roofcal.model.domain`).
     """
     def one(c, spec, gspec, t, batch, recs):
-        parts, numeric = step_outputs(c.params, spec, gspec, t, batch)
-        out = {k: np.asarray(v, np.float64) for k, v in parts.items()}
-        totals = jax.tree_util.tree_map(np.asarray, numeric[-1])
+        out, band, flags = step_arrays(c, spec, gspec, t, batch)
         df = pd.DataFrame(index=range(len(recs)))
         if any(r.duration_us is not None for r in recs):
             df["measured_us"] = [np.nan if r.duration_us is None else r.duration_us for r in recs]
         if any(r.cycle_us is not None for r in recs):
             df["measured_cycle_us"] = [np.nan if r.cycle_us is None else r.cycle_us for r in recs]
         df["predicted_us"] = out["total"]
-        df["predicted_gpu_us"] = out["total"] - out[OVERLAP] - out[CPU]
-        df["p10_us"], df["p90_us"], df["interval_basis"] = intervals.step_interval(
-            c.op_bands, c.stack_bands, step_ops(spec, t, totals), out, out["total"], totals)
+        df["predicted_gpu_us"] = gpu_side(out)
+        df["p10_us"], df["p90_us"], df["interval_basis"] = band
         for name in sorted(k for k in out if k not in NON_COMPONENT):
             df[f"{name}_us"] = out[name]
         df["flops"], df["bytes"] = out["flops"], out["bytes"]
-        for name, v in domain.step_flags(c, spec, gspec, t, batch, numeric).items():
+        for name, v in flags.items():
             df[name] = v
         return df
 

@@ -29,7 +29,7 @@ from roofcal.model.intervals import LEVEL, Band
 from roofcal.physics.kernels import groups
 
 #: the shipped transfer bands
-DEFAULT_PATH = resources.COEFFS / "transfer_bands.yaml"
+DEFAULT_PATH = resources.TRANSFER_BANDS
 SCHEMA = "roofcal-transfer-bands/1"
 
 
