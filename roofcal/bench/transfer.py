@@ -48,7 +48,7 @@ from roofcal.model.coeffs import Coefficients, roundtrip
 from roofcal.calibration.fit import FEW_SHOT_KAPPA, FitSettings, fit_kernels, kernel_data, split_rows
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
-from roofcal.calibration.loss import mape
+from roofcal.metrics import mape
 from roofcal.model.predict import predict_table
 from roofcal.tables import table
 
@@ -58,10 +58,7 @@ SIZES = (30, 100, 300, 1000)
 # --------------------------------------------------------------------------------------------
 # data
 
-def microbench_table(gpu: str) -> pd.DataFrame:
-    """All bundled per-op rows of a GPU (vLLM kernels and NCCL)."""
-    paths = [p for p in datasets.bundled_paths(gpu) if "microbench" in str(p)]
-    return datasets.load(paths, gpu=gpu).ops.reset_index(drop=True)
+microbench_table = datasets.microbench_table
 
 
 def per_op_mape(table_: pd.DataFrame, params: dict, gpu: GPUSpec) -> dict:

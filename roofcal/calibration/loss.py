@@ -1,50 +1,15 @@
-"""Relative-error losses and priors.
-
-The fitting loss is the mean squared log-ratio ``mean(log(pred / measured)²)``:
-
-* relative: a 2 µs kernel and a 2 s prefill count alike, as timing noise is multiplicative;
-* symmetric: predicting 2× too slow costs the same as 2× too fast (MAPE punishes
-  over-prediction more, and invites a downward bias);
-* smooth with a simple gradient, and for small errors ≈ the squared relative error.
-MAPE, bias and percentiles are reported alongside, as users read them.
-"""
+"""Losses of the coefficient fit: the relative-error loss (:func:`roofcal.metrics.log_ratio_sq`,
+re-exported here with the other measures) and the Gaussian prior on parameters."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-
-def log_ratio_sq(pred, measured, weight=None):
-    """Weighted mean of log(pred/measured)² (weights default to 1; zero weights drop rows)."""
-    r = jnp.log(jnp.maximum(pred, 1e-12) / measured) ** 2
-    if weight is None:
-        return jnp.mean(r)
-    return jnp.sum(weight * r) / jnp.maximum(jnp.sum(weight), 1.0)
+from roofcal.metrics import error_summary, log_ratio_sq, mape  # noqa: F401  (the fit's measures)
 
 
 def prior_penalty(params, center, strength):
     """Σ strength·(θ − θ₀)² over matching leaves of three pytrees (missing centers are skipped)."""
     terms = jax.tree_util.tree_map(lambda p, c, s: jnp.sum(s * (p - c) ** 2), params, center, strength)
     return sum(jax.tree_util.tree_leaves(terms))
-
-
-def error_summary(pred, measured) -> dict:
-    """MAPE %, signed mean relative error % (bias), p50/p90/p99 of |relative error| %, count."""
-    pred, measured = np.asarray(pred, np.float64), np.asarray(measured, np.float64)
-    if len(measured) == 0:
-        return {"n": 0}
-    rel = pred / measured - 1.0
-    a = np.abs(rel) * 100.0
-    return {"n": int(len(measured)), "mape": float(np.mean(a)), "bias": float(np.mean(rel) * 100.0),
-            "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99))}
-
-
-def mape(pred, meas) -> float:
-    """Mean absolute percentage error, %."""
-    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
-    return float(np.mean(np.abs(pred / meas - 1.0)) * 100.0) if len(meas) else math.nan

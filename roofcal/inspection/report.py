@@ -1,7 +1,7 @@
 """``roofcal residuals``: residual tables, summaries, attribution and plots written as a report.
 
 :func:`residuals` is the API the command wraps: it builds the residual table
-(:mod:`roofcal.residuals`, or :mod:`roofcal.blis.residuals` for BLIS-form coefficients), summarises
+(:mod:`roofcal.residuals`, or :mod:`roofcal.inspection.blis_residuals` for BLIS-form coefficients), summarises
 it per component and regime, ranks attributions (:mod:`roofcal.attribution`), draws the plots
 (:mod:`roofcal.plots`) and writes ``residuals.csv``, ``attribution.csv``, ``summary.md`` and the PNGs.
 Everything is computed before anything is written; each file is written atomically.
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from roofcal.inspection.attribution import attribution, attribution_lines, scale_text
-from roofcal.blis.residuals import BLIS_TERMS, BlisCoeffs, blis_step_residuals, read_blis_coeffs
+from roofcal.inspection.blis_residuals import BLIS_TERMS, BlisCoeffs, blis_step_residuals, read_blis_coeffs
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import load_gpu
 from roofcal.inspection.residuals import (

@@ -18,7 +18,7 @@ sequence) with their buckets, ``bound`` (compute- or memory-bound at roofline), 
 :func:`error_table` summarises MAPE, bias and percentiles of |relative error| per group, sorted by
 each group's share of the squared log error (the fitting loss, :mod:`roofcal.loss`).
 :mod:`roofcal.attribution` finds, per regime, the component whose scaling would remove most of
-the error; :mod:`roofcal.blis.residuals` builds step rows from BLIS-form coefficients;
+the error; :mod:`roofcal.inspection.blis_residuals` builds step rows from BLIS-form coefficients;
 :mod:`roofcal.inspection.report` ties them together and writes the report (``roofcal residuals``).
 """
 
@@ -32,7 +32,7 @@ import pandas as pd
 from roofcal.model import correction as K
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.calibration.loss import error_summary
+from roofcal.metrics import error_summary
 from roofcal.model.predict import padded_size, row_times
 
 KERNEL, STEP = "kernel", "step"

@@ -98,3 +98,9 @@ def load(paths, gpu: str | None = None, model=None, tp=None) -> Measurements:
     if m.ops is None and not m.steps:
         raise RoofcalError("no measurements found in " + ", ".join(str(p) for p in paths))
     return m
+
+
+def microbench_table(gpu: str):
+    """All bundled per-op rows of a GPU (vLLM kernels and NCCL), as one table."""
+    paths = [p for p in bundled_paths(gpu) if "microbench" in str(p)]
+    return load(paths, gpu=gpu).ops.reset_index(drop=True)

@@ -65,7 +65,7 @@ def measure(h100_path=None, a100_path=None) -> dict:
     """The transfer-bands document: per kind, the symmetric band over both directions between
     the bundled H100 and A100 fits (``*_path``: their coefficient files, default the bundled
     ones), with the per-direction bands and provenance."""
-    from roofcal.bench.transfer import microbench_table
+    from roofcal.measurements.datasets import microbench_table
     from roofcal.model import coeffs as coeff_io
     from roofcal.physics.hardware import load_gpu
     from roofcal.transfer.bootstrap import DEFAULT_RULE

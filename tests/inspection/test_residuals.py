@@ -26,7 +26,7 @@ from roofcal.model.predict import predict_table
 from roofcal.measurements.ops import read_ops, write_ops_csv_text
 from roofcal.model.combine import step_breakdown
 from roofcal.inspection.attribution import attribution, best_per_regime
-from roofcal.blis.residuals import BLIS_TERMS, blis_hardware, read_blis_coeffs
+from roofcal.inspection.blis_residuals import BLIS_TERMS, blis_hardware, read_blis_coeffs
 from roofcal.inspection.residuals import pad_batch, padded_size, smax_split
 from roofcal.inspection.report import Residuals, residuals
 from roofcal.physics.config import load_model
