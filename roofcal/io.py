@@ -37,6 +37,47 @@ def _umask() -> int:
     return mask
 
 
+def check_output(path: str | os.PathLike, what: str = "output file") -> Path:
+    """Refuse, before any work, an output file that cannot be written: a directory, a path under
+    a file, or a folder without write permission (the nearest existing ancestor must be a
+    writable folder). Returns the path."""
+    from roofcal.errors import RoofcalError
+    path = Path(path)
+    if path.is_dir():
+        raise RoofcalError(f"{path}: is a directory, not a file ({what})")
+    parent = path.parent if str(path.parent) else Path(".")
+    probe = parent
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise RoofcalError(f"{path}: cannot write the {what}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RoofcalError(f"{path}: cannot write the {what}: no permission to write in {probe}")
+    if path.exists() and not os.access(path, os.W_OK) and not os.access(parent, os.W_OK):
+        raise RoofcalError(f"{path}: cannot write the {what}: no permission")
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """Refuse, before any work, an output folder that cannot be made or written into."""
+    from roofcal.errors import RoofcalError
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RoofcalError(f"{path}: exists and is not a folder ({what})")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise RoofcalError(f"{path}: cannot make the {what}: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RoofcalError(f"{path}: cannot write the {what}: no permission to write in {probe}")
+    return path
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8, ``\\n`` line endings) to ``path`` atomically."""
     with atomic_path(path) as tmp:
@@ -47,6 +88,44 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def write_files_atomic(files: dict) -> None:
+    """Write several files all or nothing: {path: text or bytes}. Every file is written to a
+    temporary file beside its destination first; only when all are complete are they renamed
+    into place; a destination that is a folder is refused first, and a rename that still fails
+    removes the new files already renamed (a file that existed before keeps its new content)."""
+    for path in files:
+        if Path(path).is_dir():
+            raise IsADirectoryError(21, "Is a directory", str(path))
+    staged: list[tuple[Path, Path]] = []
+    existed = {Path(p): Path(p).exists() for p in files}
+    done: list[Path] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            staged.append((Path(tmp), path))
+            if isinstance(data, str):
+                Path(tmp).write_text(data, encoding="utf-8", newline="\n")
+            else:
+                Path(tmp).write_bytes(data)
+            os.chmod(tmp, 0o666 & ~_umask())
+        try:
+            for tmp, path in staged:
+                os.replace(tmp, path)
+                done.append(path)
+        except OSError:
+            for path in done:                  # undo what a failed rename left half done
+                if not existed[path]:
+                    path.unlink(missing_ok=True)
+            raise
+    finally:
+        for tmp, _ in staged:
+            if tmp.exists():
+                tmp.unlink()
 
 
 def sha256_file(path: str | os.PathLike) -> str:

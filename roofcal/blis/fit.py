@@ -9,18 +9,25 @@ split, β_EP explicit). Targets, in µs per step, come from two sources:
 * **measured** — whole-step measurements (step JSONL, splitwise), mapped to BLIS requests by
   :func:`roofcal.blis.sampling.blis_requests_from_steps`.
 
-Objective: :func:`roofcal.loss.log_ratio_sq` of the *float* (untruncated) BLIS step time against the
-targets, each source weighted equally, plus a Gaussian prior of ``prior_rows`` pseudo-rows pulling
-each β towards the input ``defaults.yaml`` value. The prior is scaled per coefficient by how much a
-unit of it moves a step's relative time, so it only decides directions the data cannot (e.g. β3
-weights, β5 per layer and β7 per step are all constant within one deployment), and a β whose
-basis is zero on every row (β8 for dense models, β_EP without DP) keeps its input value.
-Non-negativity is by construction, β = scale · softplus(θ); the start is the exact non-negative
-least-squares solution of the linearised (relative-error) problem with the same prior, refined by
-optax L-BFGS (:func:`roofcal.optim.lbfgs`) in float64, keeping whichever is better.
+Objective: :func:`roofcal.metrics.log_ratio_sq` of the *float* (untruncated) BLIS step time
+against the targets — each source weighted by ``source_weights`` (equal by default) and, within
+a source, each row by its own weight (1 unless given: e.g. how often a deployment runs that step)
+— plus a Gaussian prior of ``prior_rows`` pseudo-rows pulling each β towards the input
+``defaults.yaml`` value. The prior is scaled per coefficient by how much a unit of it moves a
+step's relative time, so it only decides directions the data cannot (e.g. β5 per layer and β7
+per step are both constant within one deployment), and a β whose basis is zero on every row (β8
+for dense models, β_EP without DP) keeps its input value.
+
+Every β stays inside physical bounds (:data:`BETA_BOUNDS`, with the reasons): without them a
+single deployment's fit lets one term carry another's cost — on Mixtral-8x7B TP 2 alone the
+prefill-compute coefficient went to 0 and the prefill KV-write one to 1,250 (KV traffic at
+1/1,250 of HBM bandwidth), both terms being ∝ prefill tokens. The start is the exact bounded
+least-squares solution of the linearised (relative-error) problem with the same prior
+(:func:`scipy.optimize.lsq_linear`), refined by L-BFGS-B on the exact loss in float64, keeping
+whichever is better.
 
 Held-out rows (a seeded 20% of sampled steps; whole configurations of measured steps, as
-:func:`roofcal.fit.split_groups` holds them out in ``roofcal fit``) are scored with BLIS's integer
+:func:`roofcal.metrics.split_groups` holds them out in ``roofcal fit``) are scored with BLIS's integer
 step time, next to the native model's error and the input defaults' error.
 """
 
@@ -29,8 +36,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from roofcal.blis.basis import (
@@ -40,7 +45,6 @@ from roofcal.blis.basis import (
     basis_for_constants,
     blis_constants,
     blis_step_time,
-    combine_basis,
     effective_beta,
 )
 from roofcal.blis import FIT_DEFAULTS
@@ -54,13 +58,10 @@ from roofcal.blis.sampling import (
 )
 from roofcal.model.coeffs import round_sig
 from roofcal.physics.config import ModelSpec, check_tp, load_model, resolve_config_path
-from roofcal.model.correction import softplus_inv
 from roofcal.errors import RoofcalError
-from roofcal.calibration.fit import split_groups
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.calibration.loss import error_summary, log_ratio_sq
+from roofcal.metrics import error_summary, split_groups
 from roofcal.model.combine import step_breakdown
-from roofcal.calibration.optim import lbfgs
 from roofcal.measurements.stepdata import StepData
 from roofcal.physics.steps import StepBatch
 
@@ -95,6 +96,27 @@ BETA_NAMES = (
 )
 
 
+#: Physical bounds of each β (BLIS index order), [low, high]. Compute terms divide FLOPs by the
+#: datasheet peak and byte terms bytes by HBM bandwidth, so a coefficient is 1 / efficiency; BLIS
+#: adds terms that overlap on the GPU, so a hidden term may go to 0 (decode compute under weight
+#: loading), but none may run faster than its unit allows by more than the overlap of the others:
+#:
+#: * β1a, β2a compute ≤ 10 (≥ 10 % of peak; BLIS's causal attention counts 3× the FLOPs);
+#: * β3 weights in [0.5, 4]: weights stream at 25–100 % of HBM bandwidth (below 1 only where another
+#:   term covers part of the same time);
+#: * β4 TP all-reduce ≤ 50: its basis divides by HBM, not NVLink bandwidth (≈ 7.4× faster
+#:   nominally), and small messages are latency-bound (≈ 5–10 µs per call, tens of basis units);
+#: * β1b, β2b KV ≤ 4: KV reads and writes at ≥ 25 % of HBM bandwidth — the bound that keeps the
+#:   prefill KV term from carrying the prefill compute;
+#: * β5 per layer ≤ 200 µs, β6 per request ≤ 1 ms, β7 per step ≤ 20 ms, β8 per MoE layer ≤ 2 ms:
+#:   launch gaps and CPU work of a step (vLLM's CPU side is ≈ 1–3 ms per step, vidur);
+#: * β_EP dispatch ≤ 50, as β4.
+BETA_BOUNDS = (
+    (0.0, 10.0), (0.0, 10.0), (0.5, 4.0), (0.0, 50.0), (0.0, 200.0), (0.0, 1000.0),
+    (0.0, 20000.0), (0.0, 2000.0), (0.0, 4.0), (0.0, 4.0), (0.0, 50.0),
+)
+
+
 @dataclass(frozen=True)
 class Deployment:
     """A model (bundled name or config path, as :attr:`roofcal.config.ModelSpec.ref` gives it) served
@@ -114,12 +136,14 @@ class BlisFitSettings:
     iters: int = FIT_DEFAULTS["iters"]  # L-BFGS iterations
     prior_rows: float = 1e-3  # κ: pseudo-rows holding each β at its input value (a tie-breaker)
     sampler: SamplerSettings = SamplerSettings()
+    source_weights: tuple = (("distill", 1.0), ("measured", 1.0))  # relative weight of each source
 
     def record(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "sampler"}
         d["sampler"] = self.sampler.record()
-        d["loss"] = "mean squared log-ratio of the float BLIS step time (sources weighted equally) + Gaussian prior (kappa pseudo-rows) at the input betas"
-        d["optimizer"] = "non-negative least squares start, then optax L-BFGS on beta = scale * softplus(theta), float64"
+        d["source_weights"] = dict(self.source_weights)
+        d["loss"] = "weighted mean squared log-ratio of the float BLIS step time + Gaussian prior (kappa pseudo-rows) at the input betas"
+        d["optimizer"] = "bounded least squares start, then L-BFGS-B within BETA_BOUNDS, float64"
         return d
 
 
@@ -183,9 +207,14 @@ class Rows:
     phase: np.ndarray
     label: np.ndarray
     test: np.ndarray
+    weight: np.ndarray | None = None   # per-row weight within the source (None: 1 each)
 
     def __len__(self) -> int:
         return len(self.target_us)
+
+    @property
+    def weights(self) -> np.ndarray:
+        return np.ones(len(self)) if self.weight is None else np.asarray(self.weight, np.float64)
 
 
 def concat_rows(parts: Sequence[Rows]) -> Rows:
@@ -199,6 +228,7 @@ def concat_rows(parts: Sequence[Rows]) -> Rows:
         np.concatenate([p.phase for p in parts]),
         np.concatenate([p.label for p in parts]),
         np.concatenate([p.test for p in parts]),
+        None if all(p.weight is None for p in parts) else np.concatenate([p.weights for p in parts]),
     )
 
 
@@ -234,7 +264,8 @@ def _basis_np(constants: BlisConstants, requests) -> dict:
 
 def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[ResolvedDeployment],
                settings: BlisFitSettings, datasets: Sequence[StepData] = (), hw: BlisHardware | None = None,
-               measured_split: tuple[float, int] | None = None) -> dict[str, Rows]:
+               measured_split: tuple[float, int] | None = None,
+               dataset_weights: Sequence[np.ndarray] | None = None) -> dict[str, Rows]:
     """{'distill': rows, 'measured': rows} (sources without steps left out).
 
     Distillation: ``settings.samples`` steps sampled per deployment, ``settings.holdout`` of them
@@ -244,7 +275,7 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
     configurations held out as ``roofcal fit`` holds them out with ``measured_split`` = (holdout,
     seed) (e.g. the coefficient file's, so its held-out configurations stay held out; default
     ``settings``'); steps without any request are dropped; native predictions only when
-    ``params`` is given."""
+    ``params`` is given; ``dataset_weights``: a weight per step of each dataset (default 1)."""
     holdout, seed = measured_split if measured_split is not None else (settings.holdout, settings.seed)
     pending, jobs = [], []
     for r in deployments:
@@ -257,28 +288,29 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
         pick = deployment_seed(settings.seed, name, tp, stream=1).permutation(n)
         test[pick[: int(round(settings.holdout * n))]] = True
         pending.append(("distill", _basis_np(r.constants, sample.requests), None, sample.phase,
-                        np.full(n, f"{name} tp{tp}"), test, np.ones(n, bool)))
+                        np.full(n, f"{name} tp{tp}"), test, np.ones(n, bool), None))
         jobs.append((r.spec, gpu, tp, sample.steps))
-    for d in datasets:
+    for i, d in enumerate(datasets):
         r = resolve_deployment(Deployment(d.model.ref, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}",
                                spec=d.model)
         requests = blis_requests_from_steps(d.batch, d.source)
         pending.append(("measured", _basis_np(r.constants, requests), np.asarray(d.measured_us, np.float64),
                         np.asarray(d.phase), np.full(len(d), f"{d.model.name} tp{d.tp}"),
-                        split_groups(d.config, holdout, seed + 1), requests.mask.any(1)))
+                        split_groups(d.config, holdout, seed + 1), requests.mask.any(1),
+                        None if dataset_weights is None else np.asarray(dataset_weights[i], np.float64)))
         jobs.append((d.model, load_gpu(d.gpu), d.tp, d.batch))
     native = native_times(params, jobs) if params is not None else [None] * len(jobs)
     parts: dict[str, list[Rows]] = {}
-    for (source, basis, measured, phase, label, test, keep), pred in zip(pending, native):
+    for (source, basis, measured, phase, label, test, keep, weight), pred in zip(pending, native):
         target = pred if source == "distill" else measured
-        parts.setdefault(source, []).append(_take(Rows(source, basis, target, pred, phase, label, test), keep))
+        parts.setdefault(source, []).append(_take(Rows(source, basis, target, pred, phase, label, test, weight), keep))
     return {source: concat_rows(p) for source, p in parts.items()}
 
 
 def _take(rows: Rows, sel: np.ndarray) -> Rows:
     return Rows(rows.source, {k: v[sel] for k, v in rows.basis.items()}, rows.target_us[sel],
                 None if rows.native_us is None else rows.native_us[sel], rows.phase[sel], rows.label[sel],
-                rows.test[sel])
+                rows.test[sel], None if rows.weight is None else rows.weight[sel])
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,28 +320,6 @@ def _take(rows: Rows, sel: np.ndarray) -> Rows:
 def design_matrix(basis: dict) -> np.ndarray:
     """(N, 11) matrix X with BLIS's float step time (fully split form) = X @ β."""
     return np.stack([np.asarray(basis[name], np.float64) for name in BETA_BASIS], axis=1)
-
-
-def blis_loss(beta, data):
-    """Weighted mean squared log-ratio of the float BLIS step time with ``beta`` to the targets,
-    plus the prior.
-
-    ``data`` = (basis dict (N,), target µs (N,), weight (N,), scale (11,), input β (11,),
-    prior strength (11,), free (11,) 1.0 where β is fitted)."""
-    basis, target, weight, _, center, strength, _ = data
-    pred = combine_basis(basis, beta, True, True)
-    return log_ratio_sq(pred, target, weight) + jnp.sum(strength * (beta - center) ** 2)
-
-
-def beta_of_theta(theta, data):
-    """β = free·scale·softplus(θ) + (1 − free)·input β (``data`` as in :func:`blis_loss`)."""
-    _, _, _, scale, center, _, free = data
-    return free * scale * jax.nn.softplus(theta) + (1.0 - free) * center
-
-
-def blis_objective(theta, data):
-    """:func:`blis_loss` at β = :func:`beta_of_theta` (θ), what L-BFGS minimises."""
-    return blis_loss(beta_of_theta(theta, data), data)
 
 
 @dataclass(frozen=True)
@@ -323,58 +333,67 @@ class BetaFit:
     n_train: int
 
 
+def _objective(beta, X, y, w, center, strength):
+    """(loss, gradient) of the weighted mean squared log-ratio of X·β to y plus the prior."""
+    p = np.maximum(X @ beta, 1e-12)
+    r = np.log(p / y)
+    loss = float(np.sum(w * r * r) + np.sum(strength * (beta - center) ** 2))
+    grad = 2.0 * (X.T @ (w * r / p)) + 2.0 * strength * (beta - center)
+    return loss, grad
+
+
 def fit_betas(rows: Sequence[Rows], input_beta: Sequence[float], iters: int = 300,
-              prior_rows: float = 1e-3) -> BetaFit:
+              prior_rows: float = 1e-3, source_weights: dict | None = None) -> BetaFit:
     """Fit the 11 β on the training rows of ``rows`` (see the module docstring).
 
-    ``input_beta``: the input defaults' β (any BLIS length ≥ 7; resolved to 11 values as BLIS does).
-    Fitted values are rounded to 9 significant digits, and values contributing less than 1e-7 of
-    a step's time are set to exactly 0; kept values are the input's, unrounded."""
-    from scipy.optimize import nnls
+    ``input_beta``: the input defaults' β (any BLIS length ≥ 7; resolved to 11 values as BLIS does);
+    ``source_weights``: {source: relative weight} (default: equal). Fitted values lie within
+    :data:`BETA_BOUNDS`, rounded to 9 significant digits; values contributing less than 1e-7 of
+    a step's time are set to exactly 0 (where the bound allows); kept values are the input's."""
+    from scipy.optimize import lsq_linear, minimize
 
     center = np.asarray(effective_beta(input_beta).beta, np.float64)
     train = [_take(r, ~r.test) for r in rows if len(r) and (~r.test).any()]
     if not train:
         raise RoofcalError("blis fit: no training steps (give --coeffs to distil, or --steps with measurements)")
+    sw = dict(source_weights or {})
     X = np.concatenate([design_matrix(r.basis) for r in train])
     y = np.concatenate([r.target_us for r in train])
-    w = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in train])
-    w = w * len(y) / w.sum()  # sources weigh equally; Σw = N
+    w = np.concatenate([sw.get(r.source, 1.0) * r.weights / max(r.weights.sum(), 1e-300) for r in train])
     if not np.all(np.isfinite(y) & (y > 0)) or not np.all(np.isfinite(X)):
         raise RoofcalError("blis fit: step times to fit must be positive and finite")
+    if not (np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
+        raise RoofcalError("blis fit: row and source weights must be finite, ≥ 0 and not all 0")
+    w = w / w.sum()
     rel = X / y[:, None]
-    m = np.sqrt((w[:, None] * rel**2).sum(0) / w.sum())  # relative effect of a unit of each β
+    m = np.sqrt((w[:, None] * rel**2).sum(0))  # relative effect of a unit of each β
     free = m > 0
-    strength = prior_rows * m**2 / w.sum()
-    # exact non-negative least squares of the linearised problem (relative error) with the prior;
-    # columns of kept betas are all zero (no data, no prior), so they drop out
-    sw = np.sqrt(w / w.sum())
-    A = np.concatenate([sw[:, None] * rel, np.diag(np.sqrt(strength))])
-    b = np.concatenate([sw, np.sqrt(strength) * center])
+    lo, hi = (np.array(b, np.float64) for b in zip(*BETA_BOUNDS))
+    target = np.clip(center, lo, hi)            # the prior's centre, inside the bounds
+    strength = prior_rows * m**2 / len(y)
+    # bounded least squares of the linearised problem (relative error) with the prior; columns of
+    # kept betas are all zero (no data, no prior), so they drop out
+    A = np.concatenate([np.sqrt(w)[:, None] * rel, np.diag(np.sqrt(strength))])
+    b = np.concatenate([np.sqrt(w), np.sqrt(strength) * target])
     start = center.copy()
-    start[free] = nnls(A[:, free], b, maxiter=50 * A.shape[1])[0]
-    scale = np.where(free, 1.0 / np.where(free, m, 1.0), 1.0)
-    theta0 = np.array([softplus_inv(v) for v in np.maximum(start / scale, 1e-3)])
-    with jax.enable_x64(True):
-        data = (
-            {k: jnp.asarray(np.concatenate([np.asarray(r.basis[k]) for r in train]), jnp.float64) for k in BASIS_TERMS},
-            jnp.asarray(y, jnp.float64),
-            jnp.asarray(w, jnp.float64),
-            jnp.asarray(scale, jnp.float64),
-            jnp.asarray(center, jnp.float64),
-            jnp.asarray(strength, jnp.float64),
-            jnp.asarray(free, jnp.float64),
-        )
-        theta, _ = lbfgs(blis_objective, jnp.asarray(theta0, jnp.float64), data, iters)
-        fitted = np.asarray(beta_of_theta(theta, data))
+    start[free] = lsq_linear(A[:, free], b, bounds=(lo[free], hi[free]), method="bvls").x
+    Xf = X[:, free]
 
-        def finish(beta):
-            beta = np.where(free & (beta * m < 1e-7), 0.0, beta)
-            rounded = np.array([round_sig(v) for v in np.maximum(beta, 0.0)])
-            beta = np.where(free, rounded, center)  # kept values stay exact
-            return beta, float(blis_loss(jnp.asarray(beta, jnp.float64), data))
+    def f(beta_free):
+        return _objective(beta_free, Xf, y, w, target[free], strength[free])
 
-        candidates = [finish(np.where(free, start, center)), finish(fitted)]
+    res = minimize(f, start[free], jac=True, method="L-BFGS-B", bounds=list(zip(lo[free], hi[free])),
+                   options={"maxiter": iters})
+
+    def finish(beta_free):
+        beta = center.copy()
+        beta[free] = beta_free
+        beta = np.where(free & (beta * m < 1e-7) & (lo <= 0), 0.0, beta)
+        rounded = np.clip([round_sig(v) for v in beta], lo, hi)
+        beta = np.where(free, rounded, center)  # kept values stay exact
+        return beta, f(beta[free])[0]
+
+    candidates = [finish(start[free]), finish(res.x)]
     beta, value = min(candidates, key=lambda c: (not np.isfinite(c[1]), c[1]))
     return BetaFit(tuple(float(v) for v in beta), tuple(int(i) for i in np.flatnonzero(~free)), value, len(y))
 
@@ -427,7 +446,7 @@ class BlisFitResult:
 def fit_blis(rows: Sequence[Rows], input_beta: Sequence[float], settings: BlisFitSettings = BlisFitSettings()) -> BlisFitResult:
     """Fit β on ``rows`` (one :class:`Rows` per source) and score every source."""
     rows = [r for r in rows if len(r)]
-    fit = fit_betas(rows, input_beta, settings.iters, settings.prior_rows)
+    fit = fit_betas(rows, input_beta, settings.iters, settings.prior_rows, dict(settings.source_weights))
     metrics: dict = {"train": {}, "heldout": {}}
     for r in rows:
         s = score_rows(r, fit.beta, input_beta)
@@ -452,7 +471,7 @@ def deployments_from_records(records, where: str) -> list[Deployment]:
 
 
 __all__ = [
-    "BETA_BASIS", "BETA_NAMES", "BetaFit", "BlisFitResult", "BlisFitSettings", "Deployment",
-    "ResolvedDeployment", "Rows", "beta_of_theta", "blis_loss", "blis_objective", "concat_rows",
+    "BETA_BASIS", "BETA_BOUNDS", "BETA_NAMES", "BetaFit", "BlisFitResult", "BlisFitSettings", "Deployment",
+    "ResolvedDeployment", "Rows", "concat_rows",
     "deployments_from_records", "design_matrix", "fit_betas", "fit_blis", "resolve_deployment", "score_rows",
 ]

@@ -1,44 +1,35 @@
-"""Replay a measured serving experiment in the real BLIS simulator (``blis run``).
+"""Replay a measured serving run in the real BLIS simulator.
 
 In: an :class:`~roofcal.measurements.workload.Experiment`, the BLIS binary, its ``defaults.yaml``,
-``hardware_config.json`` and model-config folders (:class:`BlisSettings`), optionally α/β
-coefficients to override the defaults' ``trained_physics_coefficients``.
-Out: :class:`SimResult` — simulated mean E2E / TTFT / ITL per scope, the simulated duration, and
-per-request arrays for calibration.
+``hardware_config.json`` and model-config folders (:class:`BlisSettings`), optionally a
+``defaults.yaml`` of its own or α/β coefficients overriding the defaults'.
+Out: :class:`SimResult` — simulated mean E2E / TTFT / ITL per scope, the command line that
+produced them, and per-request arrays.
 
-How a run is set up (facts from inference-sim's sim-to-real validation adapter, as restated by
-``../shared/tools/blis_experiment.py``; this code is roofcal's own):
+Two replays (``BlisSettings.replay``):
 
-* **Workload.** A BLIS v2 spec with an ``inference_perf:`` block: the profile's stages (rate req/s,
-  duration s) and shared-prefix generator, ``num_requests`` = Σ round(rate · duration).
-  ``arrivals="closed"`` runs that spec as written: BLIS expands it into closed-loop sessions, each
-  sending its next round only after the previous reply plus a think time, which stretches the real
-  1200 s of load (e.g. to ≈ 1570 s for the Llama-2-7B codegen run) and so lowers the load.
-  ``arrivals="open"`` (the default) matches what inference-perf did — open-loop Poisson arrivals
-  at each stage's rate (its ``load_summary.schedule_delay`` averages 0.4 ms; the real 7B codegen
-  run lasted 1206 s): the spec is expanded by ``blis convert inference-perf`` and every client gets
-  ``closed_loop: false``; ``num_requests`` is kept.
-* **Prompts.** inference-perf's shared-prefix generator builds a fixed *pool* of prompts — one
-  per simulated user, ``num_unique_system_prompts × num_users_per_system_prompt`` of them, each a
-  system prompt plus that user's question — and cycles through it (kubernetes-sigs/inference-perf,
-  ``SharedPrefixDataGenerator``), so after a prompt's first use vLLM's prefix cache holds all of
-  it but the last partial block. BLIS's expansion instead draws a fresh question for every
-  request and shares only the system prompt (its cache hit rate on the 7B codegen run is 0.12
-  of all tokens, i.e. ≈ 96 of 566 prompt tokens), so it prefills ≈ 470 tokens per request the
-  real server did not compute. ``prompts="pool"`` (the default) replays the pool: each
-  converted client (one per user) is its own prefix group whose prefix is system prompt +
-  question, followed by the prompt's remaining tokens as measured (mean ``prompt_len`` − pool
-  prompt, the chat template; at least 1). ``prompts="fresh"`` keeps BLIS's expansion.
-* **Server.** ``--max-num-seqs`` / ``--max-num-batched-tokens`` from ``exp-config.yaml``;
-  ``--hardware H100``; no CPU KV tier (``--kv-cpu-blocks 0``, which gives the same metrics as the
-  8 GiB tier on these runs and is ≈ 4× faster); ``--latency-model trained-physics``; seed 42.
-* **GPU KV blocks** (:func:`kv_blocks`): the count vLLM logged where known, else BLIS's own
-  auto-calculated value divided by TP (BLIS counts the memory of all TP GPUs against one GPU's KV
-  size, ≈ TP × what vLLM reports).
-* **Per-stage metrics**: requests are assigned to stages by arrival time, each stage ending at the
-  cumulative duration and the last stage taking the rest. The run's ("summary") means are BLIS's
-  own aggregates (``e2e_mean_ms``, ``ttft_mean_ms``, ``itl_mean_ms``); a stage's are the means of
-  its requests' ``e2e_ms``, ``ttft_ms``, ``itl_ms``.
+* ``"trace"`` (the default): the run as the client sent it — its TraceV2
+  (:mod:`roofcal.blis.trace`: inference-perf's open-loop schedule and prompt pool, or a recorded
+  trace from its first send) through ``blis replay``. Anyone can repeat it with ``roofcal
+  workload trace`` and the printed ``blis replay`` command alone.
+* ``"expansion"``: BLIS's own ``inference_perf:`` expansion of ``profile.yaml`` (as requested,
+  which is what inference-sim's sim-to-real validation feeds it) through ``blis run`` —
+  closed-loop multi-turn sessions with a fresh question per request (stretching 1,200 s of load
+  over 1,570–2,640 s, cache hits ≈ 12 % of tokens). Kept to compare with BLIS's own numbers; it
+  is not the load the server got.
+
+The server: ``--max-num-seqs`` / ``--max-num-batched-tokens`` from the run; the GPU's
+``hardware_config.json`` entry; no CPU KV tier (``--kv-cpu-blocks 0``, which gives the same
+metrics as the 8 GiB tier on these runs and is ≈ 4× faster); ``--latency-model
+trained-physics``; seed 42. GPU KV blocks (:func:`kv_blocks`): the server description's, else the
+count vLLM logged where known, else BLIS's own estimate divided by TP (BLIS counts the memory of
+all TP GPUs against one GPU's KV size, ≈ TP × what vLLM reports) or ``roofcal capacity``.
+
+Scores, the same rule as the measured side: per scope (the run; each inference-perf stage) the
+mean E2E and TTFT of the completed requests after the warm-up, and ITL by
+:func:`roofcal.measurements.requests.itl_us` — (E2E − TTFT) / (generated − 1) per request.
+BLIS's E2E includes α1 (its post-decode overhead), as the real client's includes the end of the
+stream.
 """
 
 from __future__ import annotations
@@ -47,6 +38,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -59,18 +51,16 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import yaml
 
-from roofcal.blis import ARRIVALS, PROMPTS       # replay modes (see the module docstring)
+from roofcal.blis import REPLAYS
 from roofcal.errors import RoofcalError
+from roofcal.measurements.requests import itl_us
 from roofcal.measurements.workload import Experiment
 
 #: environment variable naming the BLIS binary when ``--blis`` is not given
 BLIS_ENV = "ROOFCAL_BLIS"
-#: the GPU of every measured run (an entry of ``hardware_config.json``)
-GPU = "H100"
-#: BLIS's CPU-tier flags: tier off; threshold and bandwidth as the validation adapter passes them
-KV_CPU_FLAGS = ("--kv-cpu-blocks", "0", "--kv-offload-threshold", "0.9", "--kv-transfer-bandwidth", "0.2")
+#: BLIS's CPU-tier flag: tier off
+KV_CPU_FLAGS = ("--kv-cpu-blocks", "0")
 
 #: GPU KV blocks vLLM reported, by (lower-cased model id, TP). Llama-2-7B TP1: 7463 blocks, from
 #: vLLM's log of these runs' server configuration (the log is not published; the value is recorded
@@ -82,7 +72,7 @@ KNOWN_KV_BLOCKS: Mapping[tuple[str, int], int] = {
 
 _AUTO_KV = re.compile(r"auto-calculated total-kv-blocks=(\d+)")
 _LOG_MSG = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
-_REQUEST_FIELDS = ("arrived_at", "ttft_ms", "itl_ms", "e2e_ms", "num_prefill_tokens", "num_decode_tokens")
+_REQUEST_FIELDS = ("arrived_at", "ttft_ms", "e2e_ms", "num_prefill_tokens", "num_decode_tokens")
 
 
 @dataclass(frozen=True)
@@ -90,41 +80,39 @@ class BlisSettings:
     """Where BLIS and its inputs are, and how to run it.
 
     ``model_configs`` are folders searched (in order) for ``<model>/config.json``; ``timeout_s`` is
-    per BLIS process; ``workers`` BLIS processes run at once in :func:`run_experiments`.
-    """
+    per BLIS process; ``workers`` BLIS processes run at once in :func:`run_experiments`; ``seed``
+    seeds the rebuilt inference-perf schedules and BLIS's token ids."""
 
     blis: Path
     defaults: Path
     hardware_config: Path
     model_configs: tuple[Path, ...]
-    arrivals: str = "open"
+    replay: str = "trace"
     timeout_s: float = 300
     seed: int = 42
     workers: int = 2
-    prompts: str = "pool"
-    kv_blocks: str = "blis"          # KV blocks when vLLM's count is not known: "blis" (auto / TP) or "capacity"
+    kv_blocks: str = "blis"          # KV blocks when neither the run nor vLLM's log says: "blis" (auto / TP) or "capacity"
 
     def __post_init__(self):
-        if self.arrivals not in ARRIVALS:
-            raise RoofcalError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
-        if self.prompts not in PROMPTS:
-            raise RoofcalError(f"prompts must be one of {', '.join(PROMPTS)}, got {self.prompts!r}")
+        if self.replay not in REPLAYS:
+            raise RoofcalError(f"replay must be one of {', '.join(REPLAYS)}, got {self.replay!r}")
         if self.kv_blocks not in ("blis", "capacity"):
             raise RoofcalError(f"kv_blocks must be 'blis' or 'capacity', got {self.kv_blocks!r}")
-
-    @property
-    def replay(self) -> str:
-        """How the runs are replayed, in words: e.g. ``open-loop arrivals, pool prompts``."""
-        return f"{self.arrivals}-loop arrivals, {self.prompts} prompts"
         if not (self.timeout_s > 0):
             raise RoofcalError(f"BLIS timeout must be positive, got {self.timeout_s}")
         if int(self.workers) < 1:
             raise RoofcalError(f"workers must be ≥ 1, got {self.workers}")
 
+    @property
+    def description(self) -> str:
+        """How the runs are replayed, in words."""
+        return ("faithful trace (open-loop sends, prompt pool, generated tokens) through blis replay"
+                if self.replay == "trace" else "BLIS's closed-loop inference_perf expansion through blis run")
+
 
 @dataclass(frozen=True)
 class SimScope:
-    """Simulated means over one scope (the run, or one stage's arrivals), in ms."""
+    """Simulated means over one scope (the run, or one stage's requests), in ms."""
 
     e2e_ms: float
     ttft_ms: float
@@ -136,27 +124,28 @@ class SimScope:
 class SimResult:
     """One BLIS replay of one experiment.
 
-    The per-request arrays (read-only, one entry per completed request, in BLIS's order) are
-    ``arrived_at`` (s from the start), ``ttft_ms``, ``itl_ms`` (the request's mean gap between
-    output tokens), ``e2e_ms``, ``num_prefill_tokens`` (prompt tokens) and ``num_decode_tokens``
-    (output tokens).
-    """
+    Per-request arrays (read-only, one entry per completed request — timed-out ones are left out
+    — in BLIS's order):
+    ``index`` (position in the run's requests; -1 for BLIS's own expansion), ``arrived_at`` (s),
+    ``ttft_ms``, ``e2e_ms``, ``num_prefill_tokens``, ``num_decode_tokens``. ``command``: the
+    BLIS command line as run (in its work folder)."""
 
     experiment: str
-    arrivals: str
+    replay: str
     scopes: dict[str, SimScope]       # "summary", "stage_0", ...
     completed: int
     injected: int
     timed_out: int
     preemptions: int
     sim_duration_s: float             # BLIS's vllm_estimated_duration_s
-    cache_hit_rate: float             # prefix-cache hit rate over the run, 0..1
+    cache_hit_rate: float             # BLIS's prefix-cache hit rate (hit tokens / all tokens)
     kv_blocks: int
     kv_source: str
     wall_s: float                     # wall-clock time of the BLIS process
+    command: str
+    index: np.ndarray = field(repr=False)
     arrived_at: np.ndarray = field(repr=False)
     ttft_ms: np.ndarray = field(repr=False)
-    itl_ms: np.ndarray = field(repr=False)
     e2e_ms: np.ndarray = field(repr=False)
     num_prefill_tokens: np.ndarray = field(repr=False)
     num_decode_tokens: np.ndarray = field(repr=False)
@@ -194,97 +183,36 @@ def model_config_folder(exp: Experiment, folders: Sequence[str | os.PathLike]) -
                        f"{searched}: pass --model-configs DIR")
 
 
+def blis_hardware(exp: Experiment, settings: BlisSettings) -> str:
+    """The ``hardware_config.json`` entry BLIS runs ``exp``'s GPU as (e.g. ``H100``)."""
+    from roofcal.blis.hardware_json import hardware_for_gpu
+    from roofcal.physics.hardware import load_gpu
+    return hardware_for_gpu(settings.hardware_config, load_gpu(exp.server.gpu))[0]
+
+
 # --------------------------------------------------------------------------------------------
-# workload spec
+# BLIS's own expansion (the anchor)
 
 
-def base_spec(exp: Experiment, seed: int = 42) -> dict:
-    """The v2 workload spec with an ``inference_perf:`` block, as a dict (closed-loop expansion)."""
+def expansion_spec(exp: Experiment, seed: int = 42) -> str:
+    """BLIS's v2 workload spec with an ``inference_perf:`` block for an inference-perf run, as
+    JSON (valid YAML), built as inference-sim's validation (and the reference runner) builds it:
+    from ``profile.yaml`` as requested — its stages and shared-prefix generator, multi-turn flag
+    included — with ``num_requests`` = Σ round(rate · duration)."""
+    from roofcal.measurements.workload import requested_profile
+    if exp.kind != "inference-perf":
+        raise RoofcalError(f"{exp.path}: BLIS's inference_perf expansion needs an inference-perf run")
+    prof = requested_profile(exp)
     stages = []
-    for i, s in enumerate(exp.stages):
-        if s.duration != int(s.duration):
-            raise RoofcalError(f"{exp.path / 'profile.yaml'}: field 'load.stages.{i}.duration': BLIS "
-                               f"takes whole seconds, got {s.duration}")
-        stages.append({"rate": float(s.rate), "duration": int(s.duration)})
-    p = exp.prefix
-    return {
-        "version": "2",
-        "seed": int(seed),
-        "num_requests": exp.num_requests,
-        "inference_perf": {
-            "stages": stages,
-            "shared_prefix": {
-                "num_unique_system_prompts": p.num_unique_system_prompts,
-                "num_users_per_system_prompt": p.num_users_per_system_prompt,
-                "system_prompt_len": p.system_prompt_len,
-                "question_len": p.question_len,
-                "output_len": p.output_len,
-                "enable_multi_turn_chat": p.enable_multi_turn_chat,
-            },
-        },
-    }
-
-
-def workload_spec(exp: Experiment, arrivals: str = "open", blis: str | os.PathLike | None = None,
-                  seed: int = 42, timeout_s: float = 60, prompts: str = "fresh") -> str:
-    """The text of the BLIS workload spec for ``exp``.
-
-    ``"closed"`` with ``"fresh"`` prompts: the ``inference_perf`` spec as JSON (valid YAML).
-    Otherwise that spec expanded by ``blis convert inference-perf`` (so ``blis`` is required), as
-    YAML with ``num_requests`` kept: ``"open"`` sets ``closed_loop: false`` on every client;
-    ``"pool"`` makes each client replay its own prompt (:func:`_pool_prompt`).
-    """
-    if arrivals not in ARRIVALS:
-        raise RoofcalError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
-    if prompts not in PROMPTS:
-        raise RoofcalError(f"prompts must be one of {', '.join(PROMPTS)}, got {prompts!r}")
-    spec = base_spec(exp, seed)
-    text = json.dumps(spec, indent=1) + "\n"
-    if arrivals == "closed" and prompts == "fresh":
-        return text
-    if blis is None:
-        raise RoofcalError("open-loop arrivals need the BLIS binary (blis convert inference-perf)")
-    with tempfile.TemporaryDirectory(prefix="roofcal-spec-") as tmp:
-        src = Path(tmp) / "inference_perf_spec.yaml"
-        src.write_text(text, encoding="utf-8")
-        proc = _call([str(blis), "convert", "inference-perf", "--spec", str(src)], tmp, timeout_s,
-                     f"blis convert inference-perf on {exp.name}")
-    if proc.returncode != 0:
-        raise RoofcalError(f"blis convert inference-perf failed on {exp.name} (exit {proc.returncode}): "
-                           f"{blis_error_line(proc.stderr)}")
-    try:
-        converted = yaml.safe_load(proc.stdout)
-    except yaml.YAMLError:
-        converted = None
-    clients = converted.get("clients") if isinstance(converted, dict) else None
-    if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
-        raise RoofcalError(f"blis convert inference-perf on {exp.name}: output has no list of 'clients'")
-    if arrivals == "open":
-        clients = [_open_loop(c) for c in clients]
-    if prompts == "pool":
-        clients = [_pool_prompt(c, exp) for c in clients]
-    converted["clients"] = clients
-    converted["num_requests"] = spec["num_requests"]
-    return yaml.safe_dump(converted, sort_keys=False, default_flow_style=False, allow_unicode=True)
-
-
-def _pool_prompt(client: dict, exp: Experiment) -> dict:
-    """``client`` (one simulated user) replaying one fixed prompt: its own prefix group holding
-    system prompt + question, then the rest of the measured mean prompt (≥ 1 token)."""
-    out = dict(client)
-    out["prefix_group"] = str(client.get("id"))
-    out["prefix_length"] = exp.pool_prompt_tokens
-    out["input_distribution"] = {"type": "constant",
-                                 "params": {"value": exp.prompt_tokens - exp.pool_prompt_tokens}}
-    return out
-
-
-def _open_loop(client: dict) -> dict:
-    """``client`` with ``closed_loop: false`` (placed after its ``id``)."""
-    out = {k: v for k, v in client.items() if k == "id"}
-    out["closed_loop"] = False
-    out.update((k, v) for k, v in client.items() if k not in ("id", "closed_loop"))
-    return out
+    for i, s in enumerate(prof["stages"]):
+        if s["duration"] != int(s["duration"]):
+            raise RoofcalError(f"{exp.path / 'profile.yaml'}: field 'load.stages.{i}.duration': "
+                               f"BLIS takes whole seconds, got {s['duration']}")
+        stages.append({"rate": float(s["rate"]), "duration": int(s["duration"])})
+    spec = {"version": "2", "seed": int(seed),
+            "num_requests": sum(round(s["rate"] * s["duration"]) for s in stages),
+            "inference_perf": {"stages": stages, "shared_prefix": prof["shared_prefix"]}}
+    return json.dumps(spec, indent=1) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,18 +252,19 @@ def blis_error_line(stderr: str) -> str:
     return line
 
 
-def _paths(settings: BlisSettings) -> None:
+def _check_inputs(settings: BlisSettings, defaults: Path) -> None:
     """Refuse missing input files up front, with the file named."""
-    if not Path(settings.defaults).is_file():
-        raise RoofcalError(f"{settings.defaults}: no such BLIS defaults file")
+    if not Path(defaults).is_file():
+        raise RoofcalError(f"{defaults}: no such BLIS defaults file")
     if not Path(settings.hardware_config).is_file():
         raise RoofcalError(f"{settings.hardware_config}: no such BLIS hardware config file")
 
 
-def _common_flags(exp: Experiment, settings: BlisSettings, folder: Path) -> list[str]:
-    return ["--model", exp.model_id, "--tp", str(exp.tp), "--hardware", GPU,
+def server_flags(exp: Experiment, settings: BlisSettings, defaults: Path, folder: Path) -> list[str]:
+    """The flags that describe ``exp``'s model, GPU and latency model to BLIS."""
+    return ["--model", exp.model_id, "--tp", str(exp.tp), "--hardware", blis_hardware(exp, settings),
             "--latency-model", "trained-physics",
-            "--defaults-filepath", str(Path(settings.defaults).resolve()),
+            "--defaults-filepath", str(Path(defaults).resolve()),
             "--model-config-folder", str(folder.resolve()),
             "--hardware-config", str(Path(settings.hardware_config).resolve())]
 
@@ -345,12 +274,13 @@ _probe_lock = threading.Lock()
 
 
 def kv_blocks(exp: Experiment, settings: BlisSettings) -> tuple[int, str]:
-    """GPU KV blocks for ``exp`` and where the number comes from: :data:`KNOWN_KV_BLOCKS`, else
-    (``settings.kv_blocks == "capacity"``) what vLLM would allocate on an H100
-    (:func:`roofcal.physics.capacity.capacity` at the server's limits), else (the default, as the
-    reference runner does) BLIS's auto-calculated count (probed with a one-request run, ``--log
-    info``) divided by TP.
-    Probes are cached in memory per (model, TP, defaults, hardware config, model-config folder)."""
+    """GPU KV blocks for ``exp`` and where the number comes from: the run's server description,
+    else :data:`KNOWN_KV_BLOCKS`, else (``settings.kv_blocks == "capacity"``) what vLLM would
+    allocate (:func:`roofcal.physics.capacity.capacity` at the server's limits), else (the
+    default, as the reference runner does) BLIS's auto-calculated count (probed with a
+    one-request run, ``--log info``) divided by TP. Probes are cached in memory."""
+    if exp.server.kv_blocks is not None:
+        return int(exp.server.kv_blocks), "server description"
     known = KNOWN_KV_BLOCKS.get((exp.model_id, exp.tp))
     if known is not None:
         return known, "vllm-log"
@@ -359,15 +289,15 @@ def kv_blocks(exp: Experiment, settings: BlisSettings) -> tuple[int, str]:
         from roofcal.physics.capacity import capacity
         from roofcal.physics.config import load_model
         from roofcal.physics.hardware import load_gpu
-        cap = capacity(load_model(folder / "config.json"), load_gpu("h100_sxm"), int(exp.tp),
+        cap = capacity(load_model(folder / "config.json"), load_gpu(exp.server.gpu), int(exp.tp),
                        max_num_batched_tokens=exp.max_num_batched_tokens, max_num_seqs=exp.max_num_seqs)
         return cap.kv_blocks, "roofcal capacity"
-    key = (exp.model_id, exp.tp, str(Path(settings.defaults).resolve()),
+    key = (exp.model_id, exp.tp, exp.server.gpu, str(Path(settings.defaults).resolve()),
            str(Path(settings.hardware_config).resolve()), str(folder.resolve()), str(settings.blis))
     with _probe_lock:
         if key not in _probe_cache:
-            _paths(settings)
-            args = [str(settings.blis), "run", *_common_flags(exp, settings, folder),
+            _check_inputs(settings, settings.defaults)
+            args = [str(settings.blis), "run", *server_flags(exp, settings, settings.defaults, folder),
                     "--num-requests", "1", "--seed", str(settings.seed), "--log", "info"]
             with tempfile.TemporaryDirectory(prefix="roofcal-kvprobe-") as tmp:
                 proc = _call(args, tmp, settings.timeout_s, f"the KV-block probe for {exp.name}")
@@ -406,34 +336,55 @@ def coefficient_flags(alpha: Sequence[float] | None, beta: Sequence[float] | Non
 # one run
 
 
-def run_experiment(exp: Experiment, settings: BlisSettings, alpha: Sequence[float] | None = None,
-                   beta: Sequence[float] | None = None, keep: str | os.PathLike | None = None) -> SimResult:
-    """Replay ``exp`` in BLIS (see the module docstring) and read back its metrics.
-
-    The run happens in a temporary folder that is removed afterwards; with ``keep`` it happens in
-    ``keep/<experiment>/`` and stays (``workload_spec.yaml``, ``metrics.json``, ``cmd.txt``,
-    ``stderr.txt``). ``alpha``/``beta`` override the defaults' coefficients.
-    """
-    coeffs = coefficient_flags(alpha, beta)
-    _paths(settings)
+def replay_args(exp: Experiment, settings: BlisSettings, defaults: Path, trace_prefix: str,
+                coeffs: Sequence[str] = ()) -> tuple[list[str], int, str]:
+    """(argv of ``blis replay`` for ``exp``'s trace ``<trace_prefix>.yaml/.csv``, KV blocks,
+    where they come from). ``coeffs``: extra ``--alpha-coeffs``/``--beta-coeffs`` flags."""
     folder = model_config_folder(exp, settings.model_configs)
     blocks, source = kv_blocks(exp, settings)
-    spec = workload_spec(exp, settings.arrivals, settings.blis, settings.seed, settings.timeout_s,
-                         settings.prompts)
+    args = [str(settings.blis), "replay", *server_flags(exp, settings, defaults, folder),
+            "--max-num-seqs", str(exp.max_num_seqs), "--max-num-batched-tokens", str(exp.max_num_batched_tokens),
+            "--total-kv-blocks", str(blocks), *KV_CPU_FLAGS, "--seed", str(settings.seed),
+            "--trace-header", f"{trace_prefix}.yaml", "--trace-data", f"{trace_prefix}.csv", *coeffs]
+    return args, blocks, source
+
+
+def run_experiment(exp: Experiment, settings: BlisSettings, alpha: Sequence[float] | None = None,
+                   beta: Sequence[float] | None = None, keep: str | os.PathLike | None = None,
+                   defaults: str | os.PathLike | None = None) -> SimResult:
+    """Replay ``exp`` in BLIS (see the module docstring) and read back its metrics.
+
+    ``defaults``: the run's own ``defaults.yaml`` (default ``settings.defaults``); ``alpha`` /
+    ``beta`` override its coefficients by flags. The run happens in a temporary folder that is
+    removed afterwards; with ``keep`` it happens in ``keep/<experiment>/`` and stays (trace or
+    workload spec, ``metrics.json``, ``cmd.txt``, ``stderr.txt``)."""
+    from roofcal.blis.trace import write_trace
+    coeffs = coefficient_flags(alpha, beta)
+    defaults = Path(defaults) if defaults is not None else Path(settings.defaults)
+    _check_inputs(settings, defaults)
+    if settings.replay == "expansion" and exp.kind != "inference-perf":
+        raise RoofcalError(f"{exp.path}: BLIS's inference_perf expansion applies to inference-perf runs only")
     if keep is not None:
         work = Path(keep) / exp.name
         work.mkdir(parents=True, exist_ok=True)
     else:
         work = Path(tempfile.mkdtemp(prefix="roofcal-blis-"))
     try:
-        (work / "workload_spec.yaml").write_text(spec, encoding="utf-8")
-        args = [str(settings.blis), "run", *_common_flags(exp, settings, folder),
-                "--max-num-seqs", str(exp.max_num_seqs),
-                "--max-num-batched-tokens", str(exp.max_num_batched_tokens),
-                "--total-kv-blocks", str(blocks), *KV_CPU_FLAGS, "--seed", str(settings.seed),
-                "--workload-spec", "workload_spec.yaml", "--metrics-path", "metrics.json",
-                "--log", "info", *coeffs]
-        (work / "cmd.txt").write_text(" ".join(args) + "\n", encoding="utf-8")
+        if settings.replay == "trace":
+            write_trace(exp, work / exp.name, settings.seed)
+            args, blocks, source = replay_args(exp, settings, defaults, exp.name, coeffs)
+        else:
+            (work / "workload_spec.yaml").write_text(expansion_spec(exp, settings.seed), encoding="utf-8")
+            folder = model_config_folder(exp, settings.model_configs)
+            blocks, source = kv_blocks(exp, settings)
+            args = [str(settings.blis), "run", *server_flags(exp, settings, defaults, folder),
+                    "--max-num-seqs", str(exp.max_num_seqs),
+                    "--max-num-batched-tokens", str(exp.max_num_batched_tokens),
+                    "--total-kv-blocks", str(blocks), *KV_CPU_FLAGS, "--seed", str(settings.seed),
+                    "--workload-spec", "workload_spec.yaml", *coeffs]
+        args += ["--metrics-path", "metrics.json"]
+        command = shlex.join(args)
+        (work / "cmd.txt").write_text(command + "\n", encoding="utf-8")
         t0 = time.perf_counter()
         proc = _call(args, work, settings.timeout_s, exp.name)
         wall = time.perf_counter() - t0
@@ -445,7 +396,7 @@ def run_experiment(exp: Experiment, settings: BlisSettings, alpha: Sequence[floa
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    return sim_result(exp, metrics, settings.arrivals, blocks, source, wall)
+    return sim_result(exp, metrics, settings, blocks, source, wall, command)
 
 
 def _read_metrics(path: Path, name: str) -> dict:
@@ -465,77 +416,107 @@ def _metric(d: Mapping, key: str, name: str) -> float:
     return float(value)
 
 
-def _frozen(values) -> np.ndarray:
-    a = np.asarray(values, dtype=float)
+def _frozen(values, dtype=float) -> np.ndarray:
+    a = np.asarray(values, dtype=dtype)
     a.setflags(write=False)
     return a
 
 
 def stage_of(arrived_at: np.ndarray, durations: Sequence[float]) -> np.ndarray:
     """Stage index of each arrival time (s): the first stage whose cumulative end is ≥ it, the last
-    stage taking everything after."""
+    stage taking everything after (BLIS's own expansion, whose requests are not ours)."""
     ends = np.cumsum(np.asarray(durations, dtype=float))
     return np.minimum(np.searchsorted(ends, np.asarray(arrived_at, dtype=float), side="left"),
                       len(ends) - 1)
 
 
-def sim_result(exp: Experiment, metrics: Mapping, arrivals: str, kv: int, kv_source: str,
-               wall_s: float) -> SimResult:
+def scope_means(ttft_ms: np.ndarray, e2e_ms: np.ndarray, generated: np.ndarray) -> SimScope:
+    """Means of one scope's completed requests: E2E, TTFT and ITL by
+    :func:`roofcal.measurements.requests.itl_us` (NaN when empty)."""
+    n = len(ttft_ms)
+    if n == 0:
+        return SimScope(math.nan, math.nan, math.nan, 0)
+    return SimScope(e2e_ms=float(np.mean(e2e_ms)), ttft_ms=float(np.mean(ttft_ms)),
+                    itl_ms=itl_us(np.asarray(e2e_ms), np.asarray(ttft_ms), np.asarray(generated)), completed=n)
+
+
+def sim_result(exp: Experiment, metrics: Mapping, settings: BlisSettings, kv: int, kv_source: str,
+               wall_s: float, command: str) -> SimResult:
     """A :class:`SimResult` from BLIS's metrics JSON (``--metrics-path``) for ``exp``."""
     name = exp.name
     completed = int(_metric(metrics, "completed_requests", name))
-    nan = float("nan")
-    summary = SimScope(
-        e2e_ms=_metric(metrics, "e2e_mean_ms", name) if completed else nan,
-        ttft_ms=_metric(metrics, "ttft_mean_ms", name) if completed else nan,
-        itl_ms=_metric(metrics, "itl_mean_ms", name) if completed else nan,
-        completed=completed)
     raw = metrics.get("requests") or []
     if not isinstance(raw, list):
         raise RoofcalError(f"BLIS metrics of {name}: field 'requests' is not a list")
+    # completed requests only: BLIS lists timed-out ones too, with e2e_ms 0 (the measured side
+    # likewise averages over successes only)
     rows = [r for r in raw if isinstance(r, dict)
-            and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
-                    for k in _REQUEST_FIELDS)]
+            and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for k in _REQUEST_FIELDS)
+            and r["e2e_ms"] > 0]
     cols = {k: _frozen([r[k] for r in rows]) for k in _REQUEST_FIELDS}
-    scopes = {"summary": summary}
-    which = stage_of(cols["arrived_at"], [s.duration for s in exp.stages])
+    if settings.replay == "trace":
+        req = exp.requests(settings.seed)
+        pos = {int(rid): i for i, rid in enumerate(req.request_id)}
+        index = np.array([pos.get(_request_number(r.get("requestID")), -1) for r in rows], np.int64)
+        if (index < 0).any():
+            raise RoofcalError(f"BLIS metrics of {name}: a request id that is not in the trace")
+        stage = req.stage[index]
+        scored = index >= exp.warm_up
+    else:
+        index = np.full(len(rows), -1, np.int64)
+        stage = stage_of(cols["arrived_at"], [s.duration for s in exp.stages])
+        scored = np.ones(len(rows), bool)
+    gen = cols["num_decode_tokens"]
+    scopes = {"summary": scope_means(cols["ttft_ms"][scored], cols["e2e_ms"][scored], gen[scored])}
     for i in range(len(exp.stages)):
-        sel = which == i
-        n = int(sel.sum())
-        mean = (lambda a: float(a[sel].mean())) if n else (lambda a: nan)
-        scopes[f"stage_{i}"] = SimScope(e2e_ms=mean(cols["e2e_ms"]), ttft_ms=mean(cols["ttft_ms"]),
-                                        itl_ms=mean(cols["itl_ms"]), completed=n)
+        key = f"stage_{i}"
+        if key in exp.truth:
+            sel = scored & (stage == i)
+            scopes[key] = scope_means(cols["ttft_ms"][sel], cols["e2e_ms"][sel], gen[sel])
     return SimResult(
-        experiment=name, arrivals=arrivals, scopes=scopes, completed=completed,
+        experiment=name, replay=settings.replay, scopes=scopes, completed=completed,
         injected=int(_metric(metrics, "injected_requests", name)),
         timed_out=int(metrics.get("timed_out_requests") or 0),
         preemptions=int(_metric(metrics, "preemption_count", name)),
         sim_duration_s=_metric(metrics, "vllm_estimated_duration_s", name),
         cache_hit_rate=_metric(metrics, "cache_hit_rate", name),
-        kv_blocks=int(kv), kv_source=kv_source, wall_s=float(wall_s), **cols)
+        kv_blocks=int(kv), kv_source=kv_source, wall_s=float(wall_s), command=command,
+        index=_frozen(index, np.int64), **cols)
+
+
+def _request_number(rid) -> int:
+    """``request_<n>`` (BLIS's id of trace request n) → n; -1 when it is not one."""
+    if isinstance(rid, str) and rid.startswith("request_") and rid[8:].isdigit():
+        return int(rid[8:])
+    return -1
 
 
 # --------------------------------------------------------------------------------------------
 # many runs
 
 
+def _per_run(value, name: str):
+    return value.get(name) if isinstance(value, Mapping) else value
+
+
 def run_experiments(exps: Sequence[Experiment], settings: BlisSettings,
                     alpha: "Sequence[float] | Mapping[str, Sequence[float]] | None" = None,
-                    beta: Sequence[float] | None = None,
-                    progress: bool = True, keep: str | os.PathLike | None = None) -> list[SimResult]:
+                    beta: "Sequence[float] | Mapping[str, Sequence[float]] | None" = None,
+                    progress: bool = True, keep: str | os.PathLike | None = None,
+                    defaults: "os.PathLike | Mapping[str, os.PathLike] | None" = None) -> list[SimResult]:
     """:func:`run_experiment` on every experiment, up to ``settings.workers`` BLIS processes at once;
-    results in input order. ``alpha`` is one set for every run or {experiment name: alphas}. With
-    ``progress`` a line per finished run goes to stderr. The first failure cancels the runs not
-    yet started and is raised."""
+    results in input order. ``alpha``, ``beta`` and ``defaults`` are one value for every run or
+    {experiment name: value}. With ``progress`` a line per finished run goes to stderr. The
+    first failure cancels the runs not yet started and is raised."""
     exps = list(exps)
-    alphas = {e.name: (alpha[e.name] if isinstance(alpha, Mapping) else alpha) for e in exps}
-    for a in alphas.values() or [alpha]:
-        coefficient_flags(a, beta)                      # refuse bad coefficients before any run
+    for e in exps:                                       # refuse bad coefficients before any run
+        coefficient_flags(_per_run(alpha, e.name), _per_run(beta, e.name))
     if not exps:
         return []
     results: list[SimResult | None] = [None] * len(exps)
     with ThreadPoolExecutor(max_workers=min(int(settings.workers), len(exps))) as pool:
-        futures = {pool.submit(run_experiment, e, settings, alphas[e.name], beta, keep): i
+        futures = {pool.submit(run_experiment, e, settings, _per_run(alpha, e.name), _per_run(beta, e.name),
+                               keep, _per_run(defaults, e.name)): i
                    for i, e in enumerate(exps)}
         try:
             for done, fut in enumerate(as_completed(futures), 1):
@@ -543,8 +524,7 @@ def run_experiments(exps: Sequence[Experiment], settings: BlisSettings,
                 results[futures[fut]] = r
                 if progress:
                     print(f"roofcal: [{done}/{len(exps)}] {r.experiment}: BLIS {r.wall_s:.1f} s, "
-                          f"simulated {r.sim_duration_s:.0f} s ({r.arrivals} arrivals)",
-                          file=sys.stderr, flush=True)
+                          f"simulated {r.sim_duration_s:.0f} s ({r.replay})", file=sys.stderr, flush=True)
         except BaseException:
             for f in futures:
                 f.cancel()

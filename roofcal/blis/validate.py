@@ -1,10 +1,13 @@
 """Workload-level validation: BLIS replays of measured serving runs against what was measured.
 
 In: experiments (:func:`roofcal.measurements.workload.read_experiments`), :class:`~.run.BlisSettings`,
-optionally α/β coefficients. Out: :class:`Validation` — one row per (experiment, scope) with
-measured and simulated mean E2E, TTFT and ITL (ms) and the signed error
-100 · (sim − measured) / measured (%), and the MAPE over the summary rows of the runs that are not
-overloaded (failure rate < 10 %: reported, not scored — inference-sim's validation rule).
+and the coefficients to replay with — BLIS's own ``defaults.yaml``, one ``defaults.yaml`` per
+deployment (what ``roofcal export blis --out-dir`` writes), or α/β flags.
+Out: :class:`Validation` — one row per (experiment, scope) with measured and simulated mean E2E,
+TTFT and ITL (ms) and the signed error 100 · (sim − measured) / measured (%); the MAPE over the
+summary rows of the runs that are not overloaded (failure rate < 10 %: reported, not scored —
+inference-sim's validation rule) and how many of them have all three within 10 %.
+ITL on both sides is (E2E − TTFT) / (generated tokens − 1).
 """
 
 from __future__ import annotations
@@ -21,22 +24,26 @@ from roofcal.blis.run import BlisSettings, SimResult, run_experiments
 from roofcal.measurements.workload import Experiment
 
 METRICS = ("e2e", "ttft", "itl")
+#: a run counts as reproduced when E2E, TTFT and ITL are all within this many % of measurement
+WITHIN_PCT = 10.0
 COLUMNS = (["experiment", "scope", "model", "tp", "overload"]
            + [f"measured_{m}_ms" for m in METRICS] + [f"sim_{m}_ms" for m in METRICS]
            + [f"err_{m}_pct" for m in METRICS]
-           + ["sim_duration_s", "wall_s", "arrivals", "sim_completed"])
+           + ["sim_duration_s", "wall_s", "replay", "sim_completed"])
 
 
 @dataclass(frozen=True, eq=False)
 class Validation:
     """``table``: one row per (experiment, scope), columns :data:`COLUMNS`; ``mape``: {e2e, ttft,
     itl} mean |err| (%) over the summary rows of non-overload runs (NaN if there are none);
-    ``results``: the BLIS replays, in experiment order; ``wall_s``: wall-clock time of it all."""
+    ``within``: how many of those have all three |err| ≤ 10 %; ``results``: the BLIS replays, in
+    experiment order; ``wall_s``: wall-clock time of it all."""
 
     table: pd.DataFrame
     mape: dict[str, float]
+    within: int
     results: tuple[SimResult, ...]
-    arrivals: str
+    replay: str
     wall_s: float
 
     @property
@@ -65,25 +72,36 @@ def validation_table(exps: Sequence[Experiment], results: Sequence[SimResult]) -
                 row[f"sim_{m}_ms"] = getattr(sim, f"{m}_ms")
             for m in METRICS:
                 row[f"err_{m}_pct"] = _err(row[f"sim_{m}_ms"], row[f"measured_{m}_ms"])
-            row.update(sim_duration_s=res.sim_duration_s, wall_s=res.wall_s, arrivals=res.arrivals,
+            row.update(sim_duration_s=res.sim_duration_s, wall_s=res.wall_s, replay=res.replay,
                        sim_completed=sim.completed)
             rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _scored(table: pd.DataFrame) -> pd.DataFrame:
+    return table[(table["scope"] == "summary") & ~table["overload"].astype(bool)]
+
+
 def mape(table: pd.DataFrame) -> dict[str, float]:
     """{e2e, ttft, itl}: mean |err_*_pct| over the summary rows of non-overload runs."""
-    s = table[(table["scope"] == "summary") & ~table["overload"].astype(bool)]
+    s = _scored(table)
     return {m: float(s[f"err_{m}_pct"].abs().mean()) if len(s) else float("nan") for m in METRICS}
 
 
-def validate(exps: Sequence[Experiment], settings: BlisSettings, alpha: Sequence[float] | None = None,
-             beta: Sequence[float] | None = None, progress: bool = True,
-             keep: str | os.PathLike | None = None) -> Validation:
-    """Replay every experiment in BLIS (:func:`~.run.run_experiments`) and compare with measurement."""
+def within_10_count(table: pd.DataFrame) -> int:
+    """Non-overload runs whose E2E, TTFT and ITL errors are all within ±10 %."""
+    s = _scored(table)
+    ok = pd.concat([s[f"err_{m}_pct"].abs() <= WITHIN_PCT for m in METRICS], axis=1).all(axis=1)
+    return int(ok.sum())
+
+
+def validate(exps: Sequence[Experiment], settings: BlisSettings, alpha=None, beta=None, progress: bool = True,
+             keep: str | os.PathLike | None = None, defaults=None) -> Validation:
+    """Replay every experiment in BLIS (:func:`~.run.run_experiments`; ``alpha``, ``beta`` and
+    ``defaults`` one value or {run: value}) and compare with measurement."""
     exps = list(exps)
     t0 = time.perf_counter()
-    results = run_experiments(exps, settings, alpha, beta, progress=progress, keep=keep)
+    results = run_experiments(exps, settings, alpha, beta, progress=progress, keep=keep, defaults=defaults)
     return validation_of(exps, results, settings, time.perf_counter() - t0)
 
 
@@ -91,8 +109,15 @@ def validation_of(exps: Sequence[Experiment], results: Sequence[SimResult], sett
                   wall_s: float) -> Validation:
     """The :class:`Validation` of replays already run (``results``, in the order of ``exps``)."""
     table = validation_table(exps, results)
-    return Validation(table=table, mape=mape(table), results=tuple(results), arrivals=settings.replay,
-                      wall_s=wall_s)
+    return Validation(table=table, mape=mape(table), within=within_10_count(table), results=tuple(results),
+                      replay=settings.description, wall_s=wall_s)
+
+
+def summary_line(v: Validation) -> str:
+    """MAPE and the count of runs with all three within 10 %, one line."""
+    m = v.mape
+    return (f"MAPE over {v.scored} non-overload runs: E2E {m['e2e']:.1f} %, TTFT {m['ttft']:.1f} %, "
+            f"ITL {m['itl']:.1f} %; all three within 10 % on {v.within} of {v.scored}")
 
 
 def validation_text(v: Validation) -> str:
@@ -117,15 +142,12 @@ def validation_text(v: Validation) -> str:
     stages = t[t["scope"] != "summary"]
     metric_cols = [f"{label} {what}" for label in ("E2E", "TTFT", "ITL") for what in ("meas", "sim", "err %")]
     head = ["experiment", "TP", *metric_cols, "sim s", "BLIS s"]
-    m = v.mape
-    lines = [f"BLIS replay, {v.arrivals}: measured vs simulated means in ms "
-             f"(err = 100·(sim − meas)/meas, signed; sim s = simulated duration)", "",
-             table(rows(summary), head), "",
-             f"MAPE over {v.scored} non-overload runs: E2E {m['e2e']:.1f} %, TTFT {m['ttft']:.1f} %, "
-             f"ITL {m['itl']:.1f} %  ({len(summary)} runs, {v.wall_s:.0f} s wall)"]
+    lines = [f"BLIS replay, {v.replay}: measured vs simulated means in ms "
+             f"(err = 100·(sim − meas)/meas, signed; ITL = (E2E − TTFT)/(generated − 1); sim s = simulated duration)",
+             "", table(rows(summary), head), "",
+             summary_line(v) + f"  ({len(summary)} runs, {v.wall_s:.0f} s wall)"]
     if len(stages):
-        lines += ["", "Per stage (requests assigned to stages by arrival time):", "",
-                  table(rows(stages), ["experiment", "scope", *metric_cols])]
+        lines += ["", "Per stage:", "", table(rows(stages), ["experiment", "scope", *metric_cols])]
     return "\n".join(lines)
 
 

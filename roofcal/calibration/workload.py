@@ -26,8 +26,10 @@ Loop (Gauss–Newton with the simulator refreshing the model's blind spots):
    times (JAX, so the Jacobian is exact), times a per-run, per-metric correction ``exp(δ)``
    (0 at first), plus a weak Gaussian prior on log θ around plausible values (vidur's measured
    CPU overheads of vLLM, see ``PRIOR``).
-2. Distil the native model with that stack into BLIS's betas for the runs' deployments
-   (:func:`roofcal.blis.distill.fit_form`), alphas from the stack; run BLIS on every run.
+2. Export the stack exactly as ``roofcal export blis --out-dir`` does, one coefficient set per
+   deployment (:func:`roofcal.blis.deployments.export_deployment`: betas distilled for it, α0
+   from its own first-token delay); replay every run through its faithful trace in BLIS with its
+   deployment's set.
 3. δ ← log(BLIS / steady state) at the current θ, capped at ×/÷ 1.5: what queueing bursts,
    chunking and BLIS's basis do that the steady state does not (a run on a queueing cliff would
    otherwise dominate); back to 1, with a trust region around the θ where δ was measured. The
@@ -51,7 +53,7 @@ from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
 from roofcal.model.coeffs import ALPHAS, Coefficients, Stack
 from roofcal.model.combine import step_breakdown
-from roofcal.model.serving import Load, run_means, steady_state, step_grid
+from roofcal.model import serving
 
 #: the serving stack's parameters, in θ order (see the module docstring)
 THETA = ("step_us", "decode_seq_us", "prefill_seq_us", "layer_us", "overlap",
@@ -83,10 +85,11 @@ class WorkloadSettings:
     seed: int = 0
     trust: float = 1.0            # pseudo-runs holding θ near the last BLIS refresh (after the first)
     first_token_cycles: float = WORKLOAD_DEFAULTS["first_token_cycles"]   # cycles from a step to its tokens at the client
+    export: str = "per-deployment"   # how BLIS gets the stack (EXPORTS)
 
     def record(self) -> dict:
         return {"refreshes": self.refreshes, "lm_iters": self.lm_iters, "trust": self.trust,
-                "first_token_cycles": self.first_token_cycles,
+                "first_token_cycles": self.first_token_cycles, "export": self.export,
                 "prior_weight": self.prior_weight, "distill_samples": self.samples, "seed": self.seed,
                 "loss": "mean squared log-ratio of mean E2E, TTFT, ITL per run + Gaussian prior on log θ"}
 
@@ -134,8 +137,9 @@ def stack_of(theta, source: dict) -> Stack:
 
 @dataclass(frozen=True, eq=False)
 class Case:
-    """One experiment as the steady-state model sees it: deployment, stage loads, their step
-    grids, and the measured means (µs, order of ``METRICS``)."""
+    """One experiment as the steady-state model sees it: deployment, stage loads
+    (:func:`roofcal.model.serving.loads_of`), their step grids, and the measured means (µs, order
+    of ``METRICS``)."""
 
     name: str
     model: object              # ModelSpec
@@ -145,34 +149,17 @@ class Case:
     measured_us: np.ndarray    # (3,)
 
 
-def loads_of(exp) -> tuple[Load, ...]:
-    """The stages of an experiment as the server saw them: inference-perf's shared-prefix
-    generator sends a fixed pool of prompts (system prompt + question per simulated user), so
-    after its first use a prompt's whole 16-token KV blocks of system + question hit vLLM's prefix
-    cache; the prompt itself is as long as measured (template tokens included)."""
-    cached = (exp.pool_prompt_tokens // 16) * 16
-    return tuple(Load(s.rate, s.duration, exp.prompt_tokens, cached, exp.prefix.output_len, exp.max_num_seqs)
-                 for s in exp.stages)
-
-
-def case_of(exp, model_spec) -> Case:
+def case_of(exp, model_spec, seed: int = 42) -> Case:
     m = exp.truth["summary"]
-    loads = loads_of(exp)
-    return Case(exp.name, model_spec, int(exp.tp), loads, tuple(step_grid(ld) for ld in loads),
+    loads = serving.loads_of(exp, seed)
+    return Case(exp.name, model_spec, int(exp.tp), loads, tuple(serving.step_grid(ld) for ld in loads),
                 np.array([m.e2e_ms, m.ttft_ms, m.itl_ms], np.float64) * 1000.0)
 
 
 def run_state(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0) -> dict:
-    """Steady-state means of a run (µs): ``e2e_us``, ``ttft_us``, ``itl_us`` and the cycle
-    ``step_us`` (:func:`roofcal.model.serving.run_means`)."""
-    params = {"ops": ops, "step": step_params(theta)}
-    alphas = alphas_of(theta)
-    stages = []
-    for ld, grid in zip(case.loads, case.grids):
-        t = step_breakdown(params, case.model, gpu, case.tp, grid)["total"]
-        n = ld.max_seqs + 1
-        stages.append(steady_state(t[:n], t[n:], ld, alphas, first_token_cycles))
-    return run_means(stages, list(case.loads))
+    """Steady-state means of a run (µs) under stack θ (:func:`roofcal.model.serving.run_state`)."""
+    return serving.run_state({"ops": ops, "step": step_params(theta)}, case.model, gpu, case.tp,
+                             case.loads, case.grids, alphas_of(theta), first_token_cycles)
 
 
 def predict_case(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0) -> jnp.ndarray:
@@ -190,38 +177,6 @@ def stack_theta(st: Stack) -> np.ndarray:
                               "prefill_seq_us": o["prefill_seq_us"], "layer_us": o["layer_us"],
                               "overlap": d["overlap_sharpness"],
                               **{n: max(float(st.alphas_us[n]), 1e-6) for n in ALPHAS}})
-
-
-def cycles_of(theta, coeffs: Coefficients, exps, model_configs, first_token_cycles: float) -> np.ndarray:
-    """Each run's steady-state mean cycle (µs) under stack θ and ``coeffs``' kernels."""
-    from roofcal.blis.run import model_config_folder
-    from roofcal.physics.config import load_model
-    from roofcal.physics.hardware import load_gpu
-    gpu = load_gpu(coeffs.gpu)
-    th = jnp.asarray(theta, jnp.float32)
-    return np.array([float(run_state(th, coeffs.params["ops"], gpu,
-                                     case_of(e, load_model(model_config_folder(e, model_configs) / "config.json")),
-                                     first_token_cycles)["step_us"]) for e in exps], np.float64)
-
-
-def replay_alphas(coeffs: Coefficients, exps, alpha, model_configs):
-    """The alphas BLIS replays ``exps`` with for ``coeffs``' stack: ``alpha`` as it is, or per run
-    (:func:`run_alphas`) when the stack was calibrated with a first-token delay."""
-    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
-    ftc = float(((st.source if st is not None else {}).get("first_token") or {}).get("cycles", 0.0))
-    if not ftc:
-        return alpha
-    return run_alphas(alpha, cycles_of(stack_theta(st), coeffs, exps, model_configs, ftc),
-                      [e.name for e in exps], ftc)
-
-
-def run_alphas(alpha, cycles_us, names, first_token_cycles: float) -> dict:
-    """BLIS alphas per run ({name: alpha}): α0 plus ``first_token_cycles`` × the run's mean cycle
-    (µs). BLIS has no request term proportional to the step time; α0 only delays a request's
-    entry into the queue, so with open-loop arrivals it adds exactly to TTFT and E2E — the one
-    place a run's first-token delay can go."""
-    return {n: (float(alpha[0]) + first_token_cycles * float(c),) + tuple(float(a) for a in alpha[1:])
-            for n, c in zip(names, cycles_us)}
 
 
 def _residual_fn(ops, gpu, cases, settings):
@@ -270,15 +225,15 @@ def levenberg_marquardt(res, jac, theta0: np.ndarray, iters: int) -> np.ndarray:
 
 @dataclass
 class Iterate:
-    """One refresh: θ (physical), the exported coefficients, BLIS's and the steady state's means."""
+    """One refresh: θ (physical), the per-deployment exports, BLIS's and the steady state's means."""
 
     theta: dict
-    alpha: tuple
-    beta: tuple
+    exports: tuple               # DeploymentExport per deployment
     blis_ms: np.ndarray          # (runs, 3)
     model_ms: np.ndarray         # (runs, 3)
     loss: float                  # mean squared log-ratio of BLIS vs measured
     mape: dict
+    within: int                  # runs with E2E, TTFT and ITL all within 10 %
     results: tuple = ()          # the BLIS replays (SimResult per fitted run)
 
 
@@ -288,57 +243,6 @@ class WorkloadCalibration:
     best: Iterate
     history: list = field(default_factory=list)
     seconds: float = 0.0
-
-
-def workload_steps(coeffs: Coefficients, exps, model_dirs: dict) -> list:
-    """The steps of the experiments' steady states (:func:`roofcal.model.serving.step_grid`, empty
-    step dropped) with the native model's times as targets: the batch mix the export must get
-    right, as :class:`~roofcal.measurements.stepdata.StepData` per experiment."""
-    from roofcal.measurements.stepdata import StepData
-    from roofcal.physics.config import load_model
-    from roofcal.physics.hardware import load_gpu
-    gpu = load_gpu(coeffs.gpu)
-    out = []
-    for e in exps:
-        spec = load_model(model_dirs[e.name] / "config.json")
-        grid = step_grid(loads_of(e)[0])                    # every stage of a run has the same grid
-        grid = grid.take(np.arange(1, grid.num_steps))      # without the empty step
-        pred = np.asarray(step_breakdown(coeffs.params, spec, gpu, int(e.tp), grid)["total"], np.float64)
-        phase = np.where(np.asarray(grid.prefill_mask).sum(1) > 0, "mixed", "decode")
-        out.append(StepData(spec, gpu.name, int(e.tp), grid, pred, phase,
-                            np.array([f"{e.name}#{k}" for k in range(len(pred))]), f"{e.name} (steady-state steps)"))
-    return out
-
-
-def distil(coeffs: Coefficients, exps, model_dirs: dict, blis_settings, samples: int, seed: int,
-           ) -> tuple[tuple, tuple]:
-    """(alpha, beta) BLIS coefficients of ``coeffs`` (with its current stack): betas distilled
-    for the experiments' deployments — half the weight on steps sampled over the servers' limits
-    (:mod:`roofcal.blis.sampling`), half on the experiments' own steady-state steps
-    (:func:`workload_steps`) — alphas from the stack when it was calibrated on serving runs, else
-    from the defaults (as ``roofcal export blis``)."""
-    from roofcal.blis.defaults_yaml import read_defaults_coefficients
-    from roofcal.blis.distill import stack_alphas_calibrated
-    from roofcal.blis.fit import BlisFitSettings, Deployment, build_rows, fit_blis, resolve_deployment
-    from roofcal.blis.hardware_json import hardware_for_gpu
-    from roofcal.blis.sampling import SamplerSettings
-    from roofcal.physics.hardware import load_gpu
-    gpu = load_gpu(coeffs.gpu)
-    deps = sorted({Deployment(str(model_dirs[e.name] / "config.json"), int(e.tp)) for e in exps},
-                  key=lambda d: (d.model, d.tp))
-    sampler = SamplerSettings(token_budgets=tuple(sorted({e.max_num_batched_tokens for e in exps})),
-                              max_num_seqs=max(e.max_num_seqs for e in exps),
-                              max_context=max(e.max_model_len for e in exps))
-    settings = BlisFitSettings(seed=seed, samples=samples, sampler=sampler)
-    _, hw = hardware_for_gpu(blis_settings.hardware_config, gpu, None)
-    alpha, input_beta = read_defaults_coefficients(blis_settings.defaults)
-    resolved = [resolve_deployment(d, hw) for d in deps]
-    rows = build_rows(coeffs.params, gpu, resolved, settings, workload_steps(coeffs, exps, model_dirs), hw)
-    fit = fit_blis([rows[k] for k in ("distill", "measured") if k in rows], input_beta, settings)
-    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
-    if st is not None and stack_alphas_calibrated(st):      # the same rule as export blis
-        alpha = [st.alphas_us[n] for n in ALPHAS]
-    return tuple(float(a) for a in alpha), tuple(float(b) for b in fit.beta)
 
 
 def _blis_means(results) -> np.ndarray:
@@ -351,19 +255,65 @@ def _mape(pred_ms: np.ndarray, meas_ms: np.ndarray) -> dict:
     return {m: float(np.mean(e[:, i])) for i, m in enumerate(METRICS)}
 
 
-def export_for(coeffs: Coefficients, exps, blis_settings, samples: int = 800, seed: int = 0) -> tuple[tuple, tuple]:
-    """(alpha, beta) for BLIS from ``coeffs`` (its current stack), distilled for the deployments of
-    ``exps`` (:func:`distil`)."""
-    from roofcal.blis.run import model_config_folder
-    dirs = {e.name: model_config_folder(e, blis_settings.model_configs) for e in exps}
-    return distil(coeffs, exps, dirs, blis_settings, samples, seed)
+def within_10(pred_ms: np.ndarray, meas_ms: np.ndarray) -> int:
+    """Runs (rows) whose E2E, TTFT and ITL are all within 10 % of the measurement."""
+    return int(np.sum(np.all(np.abs(pred_ms / meas_ms - 1.0) <= 0.10, axis=1)))
+
+
+#: how a coefficient file is exported for serving runs: one set per deployment (its runs'
+#: loads), per run (the deployment at that run's load), or one global set
+EXPORTS = ("per-deployment", "per-run", "global")
+
+
+def export_targets(exps, model_configs, per_run: bool = False):
+    """Export targets for ``exps``: per deployment, its runs that are not overloaded (all of them
+    when every one is), whose loads set its first-token cycle and distillation steps; with
+    ``per_run``, one target per run."""
+    from roofcal.blis.deployments import Target, targets_for_experiments
+    if per_run:
+        return targets_for_experiments(exps, model_configs, per_run=True)
+    out = []
+    for t in targets_for_experiments(exps, model_configs):
+        scored = tuple(e for e in t.experiments if not e.overload)
+        out.append(Target(t.deployment, t.blis_model, scored or t.experiments))
+    return out
+
+
+def export_for(coeffs: Coefficients, exps, blis_settings, samples: int = 800, seed: int = 0,
+               export: str = "per-deployment") -> list:
+    """``roofcal export blis`` of ``coeffs`` (its current stack) for ``exps`` as ``export``
+    (:data:`EXPORTS`) says: a list of :class:`~roofcal.blis.deployments.DeploymentExport`."""
+    from roofcal.blis.deployments import export_deployment, export_deployments
+    from roofcal.blis.fit import BlisFitSettings
+    if export not in EXPORTS:
+        raise RoofcalError(f"export must be one of {', '.join(EXPORTS)}, got {export!r}")
+    fit = BlisFitSettings(seed=seed, samples=samples)
+    targets = export_targets(exps, blis_settings.model_configs, per_run=export == "per-run")
+    if export == "global":
+        return [export_deployment(coeffs, targets, blis_settings.defaults, blis_settings.hardware_config, fit,
+                                  blis_settings.seed)]
+    return export_deployments(coeffs, targets, blis_settings.defaults, blis_settings.hardware_config, fit,
+                              blis_settings.seed)
+
+
+def export_of(exports, exp):
+    """The export among ``exports`` for ``exp``'s deployment."""
+    for ex in exports:
+        if _same_deployment(ex, exp):
+            return ex
+    raise RoofcalError(f"{exp.path}: no exported coefficients for {exp.model} TP{exp.tp}")
+
+
+def run_coefficients(exports, exps) -> tuple[dict, dict]:
+    """({run: alpha}, {run: beta}): each run replayed with its deployment's export."""
+    pick = {e.name: export_of(exports, e) for e in exps}
+    return {n: x.alpha for n, x in pick.items()}, {n: x.beta for n, x in pick.items()}
 
 
 def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
-              name: str = "vllm", progress: bool = True, log=print, deploy=None) -> WorkloadCalibration:
+              name: str = "vllm", progress: bool = True, log=print) -> WorkloadCalibration:
     """Fit a serving stack named ``name`` to the non-overload experiments ``exps`` with BLIS in the
-    loop (module docstring); ``coeffs``' kernel corrections stay as they are. Betas are distilled
-    for the deployments of ``deploy`` (default ``exps``; e.g. with held-out models added)."""
+    loop (module docstring); ``coeffs``' kernel corrections stay as they are."""
     from roofcal.blis.run import model_config_folder, run_experiments
     from roofcal.io import file_record
     from roofcal.physics.config import check_tp, load_model
@@ -372,17 +322,14 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
     exps = [e for e in exps if not e.overload]
     if not exps:
         raise RoofcalError("workload calibrate: no experiment below the overload failure rate (10 %) to fit")
-    deploy = list(deploy) if deploy is not None else exps
     gpu = load_gpu(coeffs.gpu)
-    dirs = {e.name: model_config_folder(e, blis_settings.model_configs) for e in [*exps, *deploy]}
     cases = []
     for e in exps:
-        spec = load_model(dirs[e.name] / "config.json")
+        if e.server.gpu != gpu.name:
+            raise RoofcalError(f"{e.path}: run on GPU '{e.server.gpu}', but {coeffs.source} is for '{gpu.name}'")
+        spec = load_model(model_config_folder(e, blis_settings.model_configs) / "config.json")
         check_tp(spec, int(e.tp), where=f"{e.path}: tensor_parallelism")
-        if any(ld.prompt - ld.cached + ld.max_seqs > e.max_num_batched_tokens for ld in loads_of(e)):
-            raise RoofcalError(f"{e.path}: prompts do not fit one step's token budget; the steady-state "
-                               "model assumes they do")
-        cases.append(case_of(e, spec))
+        cases.append(case_of(e, spec, blis_settings.seed))
     meas_ms = np.stack([c.measured_us for c in cases]) / 1000.0
     ops = coeffs.params["ops"]
     theta = physical_to_theta({n: PRIOR[n][0] for n in THETA})
@@ -398,23 +345,25 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         theta = levenberg_marquardt(lambda th: res(th, *args), lambda th: jac(th, *args), theta,
                                     settings.lm_iters)
         model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32)), np.float64) / 1000.0
-        c = coeff_io.add_stack(coeffs, name, stack_of(theta, {"kind": SOURCE_KIND}), default=True)
-        alpha, beta = distil(c, deploy, dirs, blis_settings, settings.samples, settings.seed)
-        cycles = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32)), np.float64)
-        per_run = run_alphas(alpha, cycles, [e.name for e in exps], ftc) if ftc else alpha
-        results = run_experiments(exps, blis_settings, per_run, beta, progress=progress)
+        src = {"kind": SOURCE_KIND, "first_token": {"cycles": ftc}}
+        c = coeff_io.add_stack(coeffs, name, stack_of(theta, src), default=True)
+        exports = export_for(c, exps, blis_settings, settings.samples, settings.seed, settings.export)
+        alpha, beta = run_coefficients(exports, exps)
+        results = run_experiments(exps, blis_settings, alpha, beta, progress=progress)
         blis_ms = _blis_means(results)
         loss = float(np.mean(np.log(blis_ms / meas_ms) ** 2))
         it = Iterate({n: float(v) for n, v in theta_to_physical(jnp.asarray(theta)).items()},
-                     alpha, beta, blis_ms, model_ms, loss, _mape(blis_ms, meas_ms), tuple(results))
+                     tuple(exports), blis_ms, model_ms, loss, _mape(blis_ms, meas_ms),
+                     within_10(blis_ms, meas_ms), tuple(results))
         history.append(it)
         if best is None or loss < best[0].loss:
             best = (it, theta.copy())
         if progress:
+            sm = _mape(model_ms, meas_ms)
             log(f"roofcal: refresh {k + 1}/{settings.refreshes}: BLIS MAPE E2E {it.mape['e2e']:.1f} % "
-                f"TTFT {it.mape['ttft']:.1f} % ITL {it.mape['itl']:.1f} %  "
-                f"(steady state {_mape(model_ms, meas_ms)['e2e']:.1f} / {_mape(model_ms, meas_ms)['ttft']:.1f} / "
-                f"{_mape(model_ms, meas_ms)['itl']:.1f} %)  [{time.time() - t0:.0f} s]")
+                f"TTFT {it.mape['ttft']:.1f} % ITL {it.mape['itl']:.1f} %, all three within 10 % on "
+                f"{it.within}/{len(exps)} runs  (steady state {sm['e2e']:.1f} / {sm['ttft']:.1f} / "
+                f"{sm['itl']:.1f} %)  [{time.time() - t0:.0f} s]")
             for e, b, m in zip(exps, blis_ms, meas_ms):
                 err = 100.0 * (b / m - 1.0)
                 log(f"    {e.name}: E2E {err[0]:+.1f} %  TTFT {err[1]:+.1f} %  ITL {err[2]:+.1f} %")
@@ -424,28 +373,37 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         delta = [np.clip(np.log(b / m), -math.log(DELTA_CAP), math.log(DELTA_CAP))
                  for b, m in zip(blis_ms, model_ms)]
     it, theta = best
+    cyc = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32)), np.float64)
     source = {
         "kind": SOURCE_KIND,
-        "experiments": [{"name": e.name, **file_record(e.path / "results" / "summary_lifecycle_metrics.json")}
-                        for e in exps],
+        "experiments": [{"name": e.name, **_truth_record(e)} for e in exps],
         "kernels_from": {"file": coeffs.source, "gpu": coeffs.gpu},
-        "blis": {**file_record(blis_settings.blis), "arrivals": blis_settings.arrivals,
-                 "prompts": blis_settings.prompts},
+        "blis": {**file_record(blis_settings.blis), "replay": blis_settings.replay},
         "settings": settings.record(),
         "blis_mape_pct": {k: round(v, 2) for k, v in it.mape.items()},
+        "blis_within_10pct": f"{it.within}/{len(exps)}",
     }
     if ftc:
-        cyc = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32)), np.float64)
         source["first_token"] = {"cycles": ftc, "mean_cycle_us": round(float(np.mean(cyc)), 1),
-                                 "note": "BLIS replays take alpha0 + cycles x the run's steady-state "
-                                         "cycle; export blis writes alpha0 + cycles x mean_cycle_us"}
+                                 "note": "export blis --out-dir gives each deployment alpha0 + cycles x its "
+                                         "own steady-state cycle; one global file takes mean_cycle_us, the "
+                                         "calibration runs' mean"}
     return WorkloadCalibration(stack_of(theta, source), it, history, time.time() - t0)
+
+
+def _truth_record(exp) -> dict:
+    """Provenance of a run's ground truth: the file it was read from, with its hash."""
+    from roofcal.io import file_record
+    if exp.kind == "trace":
+        from roofcal.measurements.tracev2 import SERVER_FILE
+        return file_record(exp.path / SERVER_FILE)
+    return file_record(exp.path / "results" / "summary_lifecycle_metrics.json")
 
 
 @dataclass
 class CalibrationReport:
     """What :func:`calibrate_file` did: the calibration, the written file, a BLIS validation of
-    every run with the exported coefficients (held-out models included), and a text summary."""
+    every run with the per-deployment exports (held-out models included), and a text summary."""
 
     calibration: WorkloadCalibration
     coeffs: Coefficients
@@ -464,9 +422,10 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
                    overload: bool = True) -> CalibrationReport:
     """``roofcal workload calibrate``: fit stack ``name`` on ``exps`` (minus the ``holdout`` models),
     add it to the coefficient file as its default stack and write it to ``out`` (atomically; not
-    written when None). The report compares every experiment's BLIS replay with the exported
-    coefficients (the fitted runs' from the chosen refresh; held-out runs, and overload runs
-    unless ``overload`` is False, replayed once more) with measurement."""
+    written when None). The report compares every experiment's BLIS replay with measurement, each
+    with its deployment's export (the fitted runs' from the chosen refresh; held-out runs, and
+    overload runs unless ``overload`` is False, replayed once more, held-out deployments
+    exported fresh from the fitted stack)."""
     from roofcal.blis.run import run_experiments
     from roofcal.blis.validate import validation_of, validation_text
     t0 = time.time()
@@ -476,7 +435,7 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     if unknown:
         raise RoofcalError(f"--holdout {unknown[0]}: no experiment of that model")
     fit_exps = [e for e in exps if not _matches(e, holdout)]
-    cal = calibrate(fit_exps, coeffs, blis_settings, settings, name, deploy=[e for e in exps if not e.overload] or exps)
+    cal = calibrate(fit_exps, coeffs, blis_settings, settings, name)
     src = dict(cal.stack.source)
     src["held_out_models"] = holdout
     stack = Stack(cal.stack.params, cal.stack.alphas_us, src)
@@ -484,8 +443,12 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     c = coeff_io.roundtrip(c)
     fitted = {r.experiment: r for r in cal.best.results}
     rest = [e for e in exps if e.name not in fitted and (overload or not e.overload)]
-    alpha_rest = replay_alphas(c, rest, cal.best.alpha, blis_settings.model_configs) if rest else cal.best.alpha
-    more = {r.experiment: r for r in run_experiments(rest, blis_settings, alpha_rest, cal.best.beta, progress=True)}
+    exports = list(cal.best.exports)
+    missing = [e for e in rest if not any(_same_deployment(x, e) for x in exports)]
+    if missing:
+        exports += export_for(c, missing, blis_settings, settings.samples, settings.seed, settings.export)
+    alpha, beta = run_coefficients(exports, rest)
+    more = {r.experiment: r for r in run_experiments(rest, blis_settings, alpha, beta, progress=True)}
     shown = [e for e in exps if e.name in fitted or e.name in more]
     results = [fitted.get(e.name) or more[e.name] for e in shown]
     v = validation_of(shown, results, blis_settings, sum(r.wall_s for r in results))
@@ -494,18 +457,24 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     lines = [f"serving stack '{name}' (BLIS loss {cal.best.loss:.4f} on {sum(not e.overload for e in fit_exps)} runs"
              + (f"; held out: {', '.join(holdout)}" if holdout else "") + "):"]
     lines += [f"  {k} = {v_:.4g}" for k, v_ in cal.best.theta.items()]
-    lines += [f"  alpha = {list(cal.best.alpha)}", f"  beta = {list(cal.best.beta)}", "",
+    from roofcal.blis.deployments import usage
+    lines += ["", "per-deployment exports (roofcal export blis --out-dir):", usage(exports), "",
               validation_text(v)]
     return CalibrationReport(cal, c, v, "\n".join(lines), time.time() - t0)
+
+
+def _same_deployment(export, exp) -> bool:
+    return export.covers(exp)
 
 
 def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
                         name: str = "vllm"):
     """Leave-one-model-out: for each model, calibrate on the others' runs and replay the held-out
-    model's runs in BLIS with the exported coefficients (distilled for it by the native model).
-    Returns (table of the held-out runs' summary rows, MAPE over the non-overload ones, reports)."""
+    model's runs in BLIS with its deployment's export (betas distilled for it by the native
+    model, α0 from its own first-token delay). Returns (table of the held-out runs' summary rows,
+    MAPE over the non-overload ones, runs with all three within 10 %, reports)."""
     import pandas as pd
-    from roofcal.blis.validate import mape
+    from roofcal.blis.validate import mape, within_10_count
     models = sorted({e.model for e in exps})
     if len(models) < 2:
         raise RoofcalError("leave-one-model-out needs runs of at least two models")
@@ -516,4 +485,4 @@ def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSett
         rows.append(t[(t["model"] == m.lower()) & (t["scope"] == "summary")])
         reports.append(rep)
     table = pd.concat(rows, ignore_index=True)
-    return table, mape(table), reports
+    return table, mape(table), within_10_count(table), reports

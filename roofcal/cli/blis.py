@@ -7,6 +7,8 @@ Examples::
     roofcal blis fit --coeffs coeffs/h100_sxm.yaml --out h100_blis.yaml
     roofcal export blis --coeffs coeffs/h100_sxm.yaml --defaults defaults.yaml --out new_defaults.yaml --flags
     roofcal export blis --coeffs h100_blis.yaml --defaults defaults.yaml --in-place
+    roofcal export blis --coeffs coeffs/h100_sxm.yaml --defaults data/blis/defaults.yaml --out-dir blis/ \
+        --for ../shared/workload/default_args
     roofcal export hardware --gpu h100_sxm --into hardware_config.json
 """
 
@@ -115,8 +117,12 @@ def cmd_export_blis(a) -> None:
     from roofcal.blis.distill import export_blis
 
     t0 = time.time()
+    if a.out_dir:
+        return _export_per_deployment(a, t0)
+    if a.per_run or a.experiments:
+        raise RoofcalError("export blis: --for and --per-run go with --out-dir DIR (one defaults.yaml per deployment)")
     if not (a.out or a.in_place or a.flags):
-        raise RoofcalError("export blis: give --out FILE, --in-place, or --flags")
+        raise RoofcalError("export blis: give --out FILE, --in-place, --flags, or --out-dir DIR")
     result = export_blis(a.coeffs, a.defaults, a.out, a.in_place, _deployments(a), a.hardware_config,
                          a.hardware, _settings(a), stack=a.stack)
     if result.form.metrics:
@@ -127,6 +133,57 @@ def cmd_export_blis(a) -> None:
         print(f"  # {result.comment}")
     if a.flags:
         print(result.flags)
+
+
+def _export_per_deployment(a, t0) -> None:
+    """``export blis --out-dir DIR``: one defaults.yaml per deployment (per run with --per-run)."""
+    from pathlib import Path
+
+    from roofcal.blis.deployments import (defaults_paths, export_deployments, targets_for_deployments, usage,
+                                          write_defaults)
+    from roofcal.io import check_output_dir
+    from roofcal.model import coeffs as coeff_io
+
+    if a.out or a.in_place:
+        raise RoofcalError("export blis: --out-dir writes one file per deployment; drop --out / --in-place")
+    if a.hardware:
+        raise RoofcalError("export blis: --out-dir uses the hardware entry of each run's GPU; drop --hardware")
+    check_output_dir(a.out_dir, "folder of defaults files (--out-dir)")
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    if a.experiments:
+        from roofcal.calibration.workload import export_targets
+        from roofcal.cli.workload import default_model_configs
+        from roofcal.measurements.workload import read_experiments
+        if _deployments(a):
+            raise RoofcalError("export blis: give the deployments either by --for EXP or by --model/--tp, not both")
+        folders = tuple(Path(p) for p in (a.model_configs or default_model_configs()))
+        targets = export_targets(read_experiments(a.experiments), folders, per_run=a.per_run)
+    else:
+        if a.per_run:
+            raise RoofcalError("export blis: --per-run needs the runs (--for EXP...)")
+        deps = _deployments(a)
+        if not deps:
+            from roofcal.blis.fit import deployments_from_records
+            recorded = c.fit.get("deployments")
+            if not recorded:
+                raise RoofcalError(f"{a.coeffs}: records no deployments (fit.deployments); give --for EXP... or --model NAME:TP")
+            deps = deployments_from_records(recorded, f"{a.coeffs}: field 'fit.deployments'")
+        targets = targets_for_deployments(deps)
+    paths = defaults_paths([_stub(t) for t in targets], a.out_dir)
+    for p in paths:
+        if p.is_dir():
+            raise RoofcalError(f"{p}: is a directory, not a file")
+    exports = export_deployments(c, targets, a.defaults, a.hardware_config, _settings(a), a.seed_replay)
+    paths = write_defaults(exports, a.defaults, a.out_dir, a.coeffs)
+    print(f"wrote {len(paths)} defaults file(s) into {a.out_dir} in {time.time() - t0:.1f} s; each goes with "
+          "its deployment's blis command:")
+    print(usage(exports, paths))
+
+
+def _stub(target):
+    """A stand-in export for naming files before any fitting (defaults_paths needs only targets)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(targets=(target,))
 
 
 def cmd_export_hardware(a) -> None:
@@ -195,6 +252,19 @@ def register(sub) -> None:
     s.add_argument("--out", help="defaults.yaml to write")
     s.add_argument("--in-place", action="store_true", help="overwrite --defaults, keeping a .bak backup")
     s.add_argument("--flags", action="store_true", help="print the equivalent 'blis run' coefficient flags")
+    s.add_argument("--out-dir", metavar="DIR",
+                   help="write one defaults.yaml per deployment into DIR (<model>-tp<T>.yaml): betas distilled for "
+                        "it, alpha0 from its own first-token delay; prints which file goes with which blis command")
+    s.add_argument("--for", dest="experiments", nargs="+", metavar="EXP",
+                   help="with --out-dir: the serving runs (inference-perf folders or recorded traces) whose "
+                        "deployments and loads to export for (default: --model/--tp, at a nominal load)")
+    s.add_argument("--per-run", action="store_true",
+                   help="with --for: one file per run (the deployment at that run's load) instead of per deployment")
+    s.add_argument("--model-configs", nargs="+", action="extend", metavar="DIR",
+                   help="with --for: folders of <model>/config.json for the runs' models (default: the bundled "
+                        "model_configs/, then ../shared/workload/model_configs if it exists)")
+    s.add_argument("--replay-seed", dest="seed_replay", type=int, default=42,
+                   help="with --for: seed of the runs' rebuilt schedules (default 42, as workload validate)")
     _fit_options(s)
     s.set_defaults(func=cmd_export_blis)
 

@@ -1,15 +1,17 @@
-"""``roofcal workload validate`` and ``calibrate``: replay measured vLLM serving runs in BLIS and
-compare latencies (:func:`roofcal.blis.validate.validate`); fit a serving stack with BLIS in the
-loop (:func:`roofcal.calibration.workload.calibrate_file`).
+"""``roofcal workload trace|validate|calibrate|lomo``: serving runs as BLIS traces, replayed in BLIS
+against measurement (:func:`roofcal.blis.validate.validate`), and the serving-stack calibration
+with BLIS in the loop (:func:`roofcal.calibration.workload.calibrate_file`).
 
 Examples::
 
-    roofcal workload validate ../shared/workload/default_args --blis ../shared/tools/blis
-    roofcal workload validate EXP1 EXP2 --arrivals closed --prompts fresh --out closed.csv --keep runs/
-    roofcal workload validate ../shared/workload/default_args --coeffs coeffs/h100_sxm.yaml
+    roofcal workload trace ../shared/workload/default_args --out traces/
+    roofcal workload validate ../shared/workload/default_args --coeffs coeffs/h100_sxm.yaml --keep runs/
+    roofcal workload validate EXP --coeffs coeffs/h100_sxm.yaml --export global
+    roofcal workload validate ../shared/workload/default_args            # BLIS's own coefficients
     roofcal workload calibrate ../shared/workload/default_args --coeffs coeffs/h100_sxm.yaml
 
-Each EXP is an experiment folder or a folder of them. Defaults: ``--defaults`` and
+Each EXP is an experiment folder — an inference-perf run (``exp-config.yaml``, ``results/``) or a
+recorded trace with its ``server.yaml`` — or a folder of them. Defaults: ``--defaults`` and
 ``--hardware-config`` are BLIS's own files bundled in ``data/blis/``; ``--model-configs`` searches
 the project's ``model_configs/`` and then ``../shared/workload/model_configs`` when that folder
 exists relative to the current directory; ``--blis`` falls back to ``$ROOFCAL_BLIS``.
@@ -21,6 +23,11 @@ from pathlib import Path
 
 #: searched after the bundled model configs, relative to the current directory, when it exists
 SHARED_MODEL_CONFIGS = Path("..") / "shared" / "workload" / "model_configs"
+#: how ``--coeffs`` is exported for BLIS (roofcal.calibration.workload.EXPORTS, without importing JAX)
+EXPORTS = ("per-deployment", "per-run", "global")
+EXPORT_HELP = ("per-deployment: one defaults.yaml per deployment, its betas distilled for it and alpha0 from "
+               "its own first-token delay at its runs' loads (default); per-run: one per run (the deployment "
+               "at that run's load); global: one defaults.yaml for all")
 
 
 def default_model_configs() -> list[Path]:
@@ -29,50 +36,120 @@ def default_model_configs() -> list[Path]:
     return [MODEL_CONFIGS] + ([SHARED_MODEL_CONFIGS] if SHARED_MODEL_CONFIGS.is_dir() else [])
 
 
-def settings_from_args(a):
-    """:class:`~roofcal.blis.run.BlisSettings` from the parsed options."""
-    from roofcal.blis.run import BlisSettings, find_blis
+def settings_from_args(a, need_blis: bool = True):
+    """:class:`~roofcal.blis.run.BlisSettings` from the parsed options (``blis`` None when not
+    needed and not given)."""
+    from roofcal.blis.run import BLIS_ENV, BlisSettings, find_blis
     from roofcal.errors import RoofcalError
+    import os
 
     if a.workers < 1:
         raise RoofcalError(f"--workers must be ≥ 1, got {a.workers}")
     if not a.timeout > 0:
         raise RoofcalError(f"--timeout must be positive, got {a.timeout}")
+    for path, what in ((a.defaults, "BLIS defaults file (--defaults)"),
+                       (a.hardware_config, "BLIS hardware config (--hardware-config)")):
+        if not Path(path).is_file():
+            raise RoofcalError(f"{path}: no such {what}")
     folders = tuple(Path(p) for p in (a.model_configs or default_model_configs()))
-    return BlisSettings(blis=find_blis(a.blis), defaults=Path(a.defaults),
-                        hardware_config=Path(a.hardware_config), model_configs=folders,
-                        arrivals=a.arrivals, timeout_s=a.timeout, workers=a.workers, prompts=a.prompts,
-                        kv_blocks=a.kv_blocks)
+    blis = find_blis(a.blis) if (need_blis or a.blis or os.environ.get(BLIS_ENV)) else None
+    return BlisSettings(blis=blis, defaults=Path(a.defaults), hardware_config=Path(a.hardware_config),
+                        model_configs=folders, replay=a.replay, timeout_s=a.timeout, workers=a.workers,
+                        kv_blocks=a.kv_blocks, seed=a.seed)
 
 
-def coefficients_from_args(a, exps, settings):
-    """(alpha, beta) overriding the defaults' coefficients: exported from ``--coeffs`` (its
-    ``--stack``) for the experiments' deployments, or (None, None) to use ``--defaults``' own."""
+def exports_from_args(a, exps, settings, work: Path):
+    """Export ``--coeffs`` (its ``--stack``) for the runs' deployments as ``--export`` says, write
+    the defaults.yaml files into ``work/defaults/`` and return ({run: defaults path}, text saying
+    which file goes with which blis command); (None, "") without ``--coeffs``."""
     if not getattr(a, "coeffs", None):
-        return None, None
+        return None, ""
+    from roofcal.blis.deployments import usage, write_defaults
     from roofcal.calibration.workload import export_for
     from roofcal.model import coeffs as coeff_io
-    from roofcal.calibration.workload import replay_alphas
     c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
-    alpha, beta = export_for(c, [e for e in exps if not e.overload] or exps, settings)
-    print(f"exported {a.coeffs} (stack {c.stack or 'none'}): --alpha-coeffs "
-          f"{','.join(f'{x:.6g}' for x in alpha)} --beta-coeffs {','.join(f'{x:.6g}' for x in beta)}")
-    per_run = replay_alphas(c, exps, alpha, settings.model_configs)
-    if per_run is not alpha:
-        print("  first-token delay: alpha0 per run = " + ", ".join(
-            f"{name}: {v[0]:.0f}" for name, v in per_run.items()))
-    return per_run, beta
+    exports = export_for(c, exps, settings, a.samples, export=a.export)
+    paths = write_defaults(exports, settings.defaults, work / "defaults", a.coeffs)
+    per_run = {}
+    for e in exps:
+        ex = next(i for i, x in enumerate(exports) if x.covers(e))
+        per_run[e.name] = paths[ex]
+    how = {"per-deployment": "one defaults.yaml per deployment", "per-run": "one defaults.yaml per run",
+           "global": "one defaults.yaml for all deployments"}[a.export]
+    cli = {"per-deployment": "--out-dir DIR", "per-run": "--out-dir DIR --per-run", "global": "--out FILE"}[a.export]
+    text = (f"exported {a.coeffs} (stack {c.stack or 'none'}) as {how} "
+            f"(roofcal export blis --coeffs {a.coeffs} --for EXP... {cli}):\n" + usage(exports, paths))
+    return per_run, text
+
+
+def cmd_trace(a) -> None:
+    from roofcal.blis.run import replay_args
+    from roofcal.blis.trace import data_text, header_text, trace_paths
+    from roofcal.errors import RoofcalError
+    from roofcal.io import check_output_dir
+    from roofcal.measurements.workload import read_experiments
+    import shlex
+
+    check_output_dir(a.out, "trace folder (--out)")
+    exps = read_experiments(a.experiments)
+    settings = settings_from_args(a, need_blis=False)
+    out = Path(a.out)
+    for e in exps:
+        head, data = trace_paths(out / e.name)
+        for p in (head, data):
+            if p.is_dir():
+                raise RoofcalError(f"{p}: is a directory, not a file (trace output)")
+    from roofcal.io import write_files_atomic
+    files = {}
+    for e in exps:
+        head, data = trace_paths(out / e.name)
+        files[head] = header_text(e, settings.seed)
+        files[data] = data_text(e, settings.seed)
+    write_files_atomic(files)
+    print(f"wrote {len(exps)} trace(s) into {out} (seed {settings.seed})")
+    for e in exps:
+        req = e.requests(settings.seed)
+        print(f"{e.name}: {len(req)} requests over {req.send_us.max() / 1e6:.0f} s, "
+              f"{len(set(req.prefix_group.tolist()) - {''})} prefix groups")
+        if settings.blis is not None:
+            args, blocks, source = replay_args(e, settings, settings.defaults, str(out / e.name))
+            print("  " + shlex.join(args) + f"   # KV blocks: {source}")
+    if settings.blis is None:
+        print("(give --blis PATH or set ROOFCAL_BLIS to print each run's blis replay command)")
+
+
+def _print_commands(v, keep) -> None:
+    print("\nBLIS command per run" + (f" (run in {keep}/<run>/, where its files are)" if keep else
+          " (as run in a temporary folder: --keep DIR keeps the files, or 'roofcal workload trace' "
+          "writes the trace and 'roofcal export blis' the defaults files):"))
+    for r in v.results:
+        print(f"  {r.experiment}: {r.command}")
 
 
 def cmd_validate(a) -> None:
+    import shutil
+    import tempfile
     from roofcal.blis.validate import validate, validation_text, write_validation_csv
+    from roofcal.io import check_output, check_output_dir
     from roofcal.measurements.workload import read_experiments
 
+    if a.out:
+        check_output(a.out, "validation CSV (--out)")
+    if a.keep:
+        check_output_dir(a.keep, "folder of kept runs (--keep)")
     exps = read_experiments(a.experiments)
     settings = settings_from_args(a)
-    alpha, beta = coefficients_from_args(a, exps, settings)
-    v = validate(exps, settings, alpha, beta, progress=True, keep=a.keep)
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="roofcal-validate-"))
+    try:
+        defaults, text = exports_from_args(a, exps, settings, work)
+        if text:
+            print(text)
+        v = validate(exps, settings, progress=True, keep=a.keep, defaults=defaults)
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
     print(validation_text(v))
+    _print_commands(v, a.keep)
     if a.out:
         write_validation_csv(v, a.out)
         print(f"wrote {a.out}")
@@ -80,13 +157,15 @@ def cmd_validate(a) -> None:
 
 def cmd_calibrate(a) -> None:
     from roofcal.calibration.workload import WorkloadSettings, calibrate_file
+    from roofcal.io import check_output
     from roofcal.measurements.workload import read_experiments
 
+    out = a.out or a.coeffs
+    check_output(out, "coefficient file (--out)")
     exps = read_experiments(a.experiments)
     settings = settings_from_args(a)
-    ws = WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
-                          first_token_cycles=a.first_token_cycles)
-    out = a.out or a.coeffs
+    ws = WorkloadSettings(refreshes=a.refreshes, samples=a.samples, first_token_cycles=a.first_token_cycles,
+                          export=a.export)
     res = calibrate_file(a.coeffs, exps, settings, ws, out, name=a.name, holdout=a.holdout)
     print(res.text)
     print(f"wrote stack '{a.name}' into {out} in {res.seconds:.0f} s")
@@ -94,48 +173,51 @@ def cmd_calibrate(a) -> None:
 
 def cmd_lomo(a) -> None:
     from roofcal.calibration.workload import WorkloadSettings, leave_one_model_out
-    from roofcal.io import write_csv_atomic
+    from roofcal.io import check_output, write_csv_atomic
     from roofcal.measurements.workload import read_experiments
     from roofcal.tables import table
 
+    if a.out:
+        check_output(a.out, "held-out table (--out)")
     exps = read_experiments(a.experiments)
     settings = settings_from_args(a)
-    held, m, reports = leave_one_model_out(a.coeffs, exps, settings,
-                                           WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
-                                                            first_token_cycles=a.first_token_cycles))
+    held, m, within, reports = leave_one_model_out(
+        a.coeffs, exps, settings, WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
+                                                   first_token_cycles=a.first_token_cycles, export=a.export))
     cols = ["experiment", "overload"] + [f"err_{k}_pct" for k in ("e2e", "ttft", "itl")]
     print(table(held.to_dict("records"), cols, floats="{:+.1f}"))
-    print(f"held-out MAPE over {int((~held['overload'].astype(bool)).sum())} runs: E2E {m['e2e']:.1f} %, "
-          f"TTFT {m['ttft']:.1f} %, ITL {m['itl']:.1f} %  ({settings.replay}; "
+    n = int((~held["overload"].astype(bool)).sum())
+    print(f"held-out MAPE over {n} runs: E2E {m['e2e']:.1f} %, TTFT {m['ttft']:.1f} %, ITL {m['itl']:.1f} %; "
+          f"all three within 10 % on {within} of {n}  ({settings.description}; "
           f"{sum(r.seconds for r in reports):.0f} s)")
     if a.out:
         write_csv_atomic(held, a.out)
         print(f"wrote {a.out}")
 
 
-def _replay_options(s) -> None:
-    from roofcal.blis import ARRIVALS, PROMPTS
+def _replay_options(s, experiments: bool = True) -> None:
+    from roofcal.blis import REPLAYS
     from roofcal.resources import BLIS_DEFAULTS, BLIS_HARDWARE
-    s.add_argument("experiments", nargs="+", metavar="EXP",
-                   help="experiment folder (exp-config.yaml, profile.yaml, results/) or a folder of them")
+    if experiments:
+        s.add_argument("experiments", nargs="+", metavar="EXP",
+                       help="experiment folder (an inference-perf run, or a recorded trace with its server.yaml) "
+                            "or a folder of them")
     s.add_argument("--blis", metavar="PATH", help="BLIS binary (default: $ROOFCAL_BLIS)")
     s.add_argument("--defaults", default=str(BLIS_DEFAULTS), metavar="FILE",
                    help="BLIS defaults.yaml, whose trained_physics_coefficients are used unless --coeffs "
                         "(default: BLIS's own, bundled)")
-    s.add_argument("--arrivals", choices=ARRIVALS, default="open",
-                   help="open: Poisson arrivals at the profile's rates, as inference-perf sent them "
-                        "(default); closed: BLIS's closed-loop session expansion")
-    s.add_argument("--prompts", choices=PROMPTS, default="pool",
-                   help="pool: each simulated user replays its one prompt, as inference-perf sent "
-                        "them, so the prefix cache holds it (default); fresh: BLIS's expansion, a "
-                        "new question per request")
+    s.add_argument("--replay", choices=REPLAYS, default="trace",
+                   help="trace: each run's faithful TraceV2 through blis replay — open-loop sends as the client "
+                        "scheduled them, the prompt pool as prefix groups, generated tokens (default); "
+                        "expansion: BLIS's own closed-loop inference_perf expansion through blis run (to compare)")
+    s.add_argument("--seed", type=int, default=42, help="seed of the rebuilt schedules and BLIS (default 42)")
     s.add_argument("--model-configs", nargs="+", action="extend", metavar="DIR",
                    help="folders of <model>/config.json, searched in order (default: the bundled "
                         "model_configs/, then ../shared/workload/model_configs if it exists)")
     s.add_argument("--hardware-config", default=str(BLIS_HARDWARE), metavar="FILE",
                    help="BLIS hardware_config.json (default: BLIS's own, bundled)")
     s.add_argument("--kv-blocks", choices=("blis", "capacity"), default="blis",
-                   help="GPU KV blocks where vLLM's logged count is not known: BLIS's auto value / TP "
+                   help="GPU KV blocks where neither the run nor vLLM's log gives them: BLIS's auto value / TP "
                         "(default, as BLIS's validation does) or 'capacity' (roofcal capacity, vLLM's rule)")
     s.add_argument("--workers", type=int, default=2, help="BLIS processes at once (default 2)")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per BLIS run (default 300)")
@@ -153,31 +235,45 @@ def _calibration_options(s) -> None:
                    help=f"distillation steps per deployment (default {d.samples})")
     s.add_argument("--first-token-cycles", type=float, default=d.first_token_cycles, metavar="C",
                    help="cycles between a step and its tokens reaching the client (vLLM processes "
-                        "a step's outputs during the next step); BLIS replays take alpha0 + C x each "
-                        f"run's steady-state cycle (default {d.first_token_cycles:g}; 0: one alpha0 "
-                        "for all runs)")
+                        "a step's outputs during the next step); each deployment's alpha0 takes C x its "
+                        f"steady-state cycle (default {d.first_token_cycles:g}; 0: one alpha0 for all)")
+    s.add_argument("--export", choices=EXPORTS, default="per-deployment",
+                   help="how BLIS gets the stack in every replay — " + EXPORT_HELP)
 
 
 def register(sub) -> None:
-    """Add ``workload`` (validate, calibrate) to the ``roofcal`` subcommands."""
-    w = sub.add_parser("workload", help="measured serving runs replayed in BLIS; serving-stack calibration")
+    """Add ``workload`` (trace, validate, calibrate, lomo) to the ``roofcal`` subcommands."""
+    from roofcal.calibration import WORKLOAD_DEFAULTS
+    w = sub.add_parser("workload", help="serving runs as BLIS traces, replayed in BLIS; serving-stack calibration")
     ws = w.add_subparsers(dest="workload_command", required=True)
+    s = ws.add_parser("trace", help="write each run as a TraceV2 that blis replay replays as the client sent it",
+                      description="Write each run as a TraceV2 (<out>/<run>.yaml + .csv): an inference-perf run's "
+                                  "schedule rebuilt from what it ran (open-loop sends, the prompt pool as prefix "
+                                  "groups, generated tokens, the client's timeout), or a recorded trace from its "
+                                  "first send; prints the blis replay command of each (with --blis).")
+    _replay_options(s)
+    s.add_argument("--out", required=True, metavar="DIR", help="folder to write the traces into")
+    s.set_defaults(func=cmd_trace)
+
     s = ws.add_parser("validate", help="replay experiments in BLIS; simulated vs measured E2E, TTFT, ITL",
                       description="Replay measured vLLM serving runs in BLIS and compare simulated "
                                   "with measured mean E2E, TTFT and ITL (MAPE over the runs that are "
-                                  "not overloaded).")
+                                  "not overloaded, and how many have all three within 10 %).")
     _replay_options(s)
     s.add_argument("--coeffs", metavar="FILE",
-                   help="roofcal coefficient file to export and replay instead of --defaults' coefficients")
+                   help="roofcal coefficient file to export (as --export says) and replay instead of --defaults' coefficients")
     s.add_argument("--stack", metavar="NAME", help="its serving stack (default: the file's own; 'none' = kernels only)")
+    s.add_argument("--export", choices=EXPORTS, default="per-deployment", help=EXPORT_HELP)
+    s.add_argument("--samples", type=int, default=WORKLOAD_DEFAULTS["samples"],
+                   help=f"distillation steps per deployment (default {WORKLOAD_DEFAULTS['samples']})")
     s.add_argument("--out", metavar="FILE", help="write the per-(experiment, scope) table as CSV")
-    s.add_argument("--keep", metavar="DIR", help="keep each run's spec, metrics and log in DIR/<experiment>/")
+    s.add_argument("--keep", metavar="DIR", help="keep each run's trace, defaults.yaml, metrics and log in DIR")
     s.set_defaults(func=cmd_validate)
 
     s = ws.add_parser("calibrate", help="fit a serving stack and BLIS's alphas to serving runs, BLIS in the loop",
                       description="Fit the serving-stack layer of a coefficient file (CPU work, launch gaps, "
-                                  "CPU-GPU overlap, BLIS's alphas) so that BLIS, fed the exported "
-                                  "coefficients, reproduces the measured mean E2E, TTFT and ITL.")
+                                  "CPU-GPU overlap, BLIS's alphas) so that BLIS, fed each deployment's export, "
+                                  "reproduces the measured mean E2E, TTFT and ITL.")
     _calibration_options(s)
     s.add_argument("--out", metavar="FILE", help="coefficient file to write (default: --coeffs, in place)")
     s.add_argument("--name", default="vllm", help="name of the stack (default vllm); it becomes the default stack")
@@ -188,8 +284,8 @@ def register(sub) -> None:
 
     s = ws.add_parser("lomo", help="leave-one-model-out benchmark of the workload calibration",
                       description="For each model: calibrate the serving stack on the other models' runs, "
-                                  "then replay the held-out model's runs in BLIS; prints signed errors and "
-                                  "the held-out MAPE.")
+                                  "then replay the held-out model's runs in BLIS with its deployment's export; "
+                                  "prints signed errors, the held-out MAPE and how many runs have all three within 10 %.")
     _calibration_options(s)
     s.add_argument("--out", metavar="FILE", help="write the held-out rows as CSV")
     s.set_defaults(func=cmd_lomo)

@@ -1,35 +1,44 @@
-"""A server under steady load: step times → mean TTFT, ITL and E2E of a constant-rate stage.
+"""A server under steady load: step times → mean TTFT, ITL and E2E, and what a request waits for
+its first token.
 
-The mean-field picture of a vLLM server (or BLIS's replay of one) fed Poisson arrivals at
-``rate`` requests/s, each with a ``prompt`` of which ``cached`` tokens hit the prefix cache and
-``output`` generated tokens, every prompt fitting one step's token budget:
+The mean-field picture of a vLLM server (or BLIS's replay of one) fed open-loop arrivals at
+``rate`` requests/s, each a ``prompt`` of which ``cached`` tokens hit the prefix cache and
+``output`` generated tokens, under a per-step token budget ``budget`` (chunked prefill):
 
 * every step decodes one token for each of the ``D`` running requests; by Little's law
   ``D = rate · (output − 1) · τ`` with ``τ`` the mean step (cycle) time;
-* a fraction ``f = rate · τ`` of steps also prefills one arriving prompt (≤ 1);
+* the scheduler fills the budget with decodes first, so a prompt's ``new = prompt − cached``
+  tokens take ``k = ⌈new / (budget − D)⌉`` chunked steps (1 when the prompt fits); a fraction
+  ``f = rate · k · τ`` of steps prefill (≤ 1);
 * ``τ = (1 − f) · t_decode(D) + f · t_mixed(D)``, solved by damped fixed-point iteration;
-* a request waits ``α0`` (API ingestion) and half a step (the residual of the step running when
-  it is queued), then its prefill step ``t_mixed(D)``; then ``output − 1`` decode steps, with
-  ``α2`` of output processing per token and ``α1`` once at the end (BLIS's alphas,
-  docs/blis-latency-models.md §1.7)::
+* **the first token** reaches the client after (:func:`first_token_parts`)::
 
-      TTFT = α0 + τ/2 + t_mixed(D) + α2 + c·τ
-      ITL  = τ + α2
-      E2E  = TTFT + (output − 1) · ITL + α1
+      API ingestion           α0
+      waiting for a step      τ / 2      (the residual of the step running when it is queued)
+      its prefill             k · t_mixed(D)   (chunked, over its cached prefix)
+      output processing       α2
+      the cycle until its output leaves   c · τ
 
-  where ``c`` (``first_token_cycles``, default 0) is how many cycles after its step a token
-  reaches the client: vLLM processes a step's outputs while the next step runs, so a token leaves
-  about one cycle after the step that computed it (first and last token alike: TTFT and E2E
-  shift, ITL does not).
+  where ``c`` (``first_token_cycles``) is how many cycles after its step a token reaches the
+  client: vLLM processes a step's outputs while the next step runs, so a token leaves about one
+  cycle after the step that computed it (first and last token alike: TTFT and E2E shift, ITL
+  does not). Then ``ITL = τ + α2`` and ``E2E = TTFT + (output − 1) · ITL + α1`` (BLIS's alphas,
+  docs/blis-latency-models.md §1.7).
+
+BLIS simulates the wait, the prefill and the decode steps itself; what it cannot follow is the
+last term — it has no per-request term proportional to the step time — so a BLIS replay of a
+deployment takes α0 + c·τ as its queueing delay (:func:`blis_alpha0`), τ at that deployment's
+load.
 
 It is differentiable in the step times and alphas, which is what calibration needs: the Jacobian
 of the measured means with respect to a serving stack's parameters
-(:mod:`roofcal.calibration.workload`). What it leaves out — queueing bursts, chunked prompts,
-preemption — is measured by running BLIS itself and carried as a correction.
+(:mod:`roofcal.calibration.workload`). What it leaves out — queueing bursts, max_num_seqs,
+preemption — BLIS itself measures, and the calibration carries as a correction.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
@@ -44,61 +53,140 @@ ITERATIONS = 60
 
 @dataclass(frozen=True)
 class Load:
-    """One stage of constant-rate load on one deployment: ``rate`` requests/s for ``duration`` s,
-    each a ``prompt`` (tokens; ``cached`` of them in the prefix cache) and ``output`` generated
-    tokens; at most ``max_seqs`` requests run at once."""
+    """One stage of steady load on one deployment: ``rate`` requests/s for ``duration`` s, each a
+    ``prompt`` (mean tokens; ``cached`` of them in the prefix cache) and ``output`` generated
+    tokens; at most ``max_seqs`` requests run at once and a step computes at most ``budget``
+    tokens."""
 
     rate: float
     duration: float
-    prompt: int
-    cached: int
-    output: int
+    prompt: float
+    cached: float
+    output: float
     max_seqs: int
+    budget: int = 2048
 
     @property
     def requests(self) -> float:
         return self.rate * self.duration
 
+    @property
+    def new_tokens(self) -> int:
+        """Prompt tokens a request computes (≥ 1)."""
+        return max(1, int(round(self.prompt - self.cached)))
+
+
+def loads_of(exp, seed: int = 42) -> tuple[Load, ...]:
+    """The stages of an experiment (:class:`roofcal.measurements.workload.Experiment`) as the
+    server saw them: per stage the rate, the mean prompt, its mean cached prefix
+    (:meth:`~roofcal.measurements.requests.Requests.cached_tokens`: a pool prompt's whole blocks
+    after its first use) and the mean generated tokens of the requests as sent."""
+    req = exp.requests(seed)
+    prompt, cached = req.prompt_tokens, req.cached_tokens()
+    out = []
+    for i, s in enumerate(exp.stages):
+        sel = req.stage == i
+        out.append(Load(rate=float(s.rate), duration=float(s.duration),
+                        prompt=float(prompt[sel].mean()), cached=float(cached[sel].mean()),
+                        output=float(req.output_tokens[sel].mean()), max_seqs=int(exp.max_num_seqs),
+                        budget=int(exp.max_num_batched_tokens)))
+    return tuple(out)
+
+
+def chunk_tokens(load: Load, d: int) -> int:
+    """Prompt tokens one chunk computes with ``d`` decodes running (the budget left after them)."""
+    return max(1, min(load.new_tokens, load.budget - d))
+
 
 def step_grid(load: Load) -> StepBatch:
     """The steps whose times the steady state needs: for D = 0 … ``max_seqs`` running decodes
     (context ``prompt + output/2``), a decode-only step and the same step with one prefill chunk
-    (``prompt − cached`` new tokens after ``cached``). Shape: 2·(max_seqs + 1) steps, decode-only
-    first."""
-    ctx = load.prompt + load.output // 2
-    chunk = ((load.prompt - load.cached, load.cached),)
+    (:func:`chunk_tokens` new tokens after the cached prefix). Shape: 2·(max_seqs + 1) steps,
+    decode-only first."""
+    ctx = int(round(load.prompt + load.output / 2))
+    cached = int(round(load.cached))
     decode = [Step(decode=(ctx,) * d) for d in range(load.max_seqs + 1)]
-    mixed = [Step(prefill=chunk, decode=(ctx,) * d) for d in range(load.max_seqs + 1)]
+    mixed = [Step(prefill=((chunk_tokens(load, d), cached),), decode=(ctx,) * d)
+             for d in range(load.max_seqs + 1)]
     return batch_steps(decode + mixed)
 
 
+def _chunks(load: Load) -> np.ndarray:
+    """Chunked steps a prompt takes with D = 0 … max_seqs decodes running."""
+    return np.array([math.ceil(load.new_tokens / chunk_tokens(load, d)) for d in range(load.max_seqs + 1)],
+                    np.float32)
+
+
 def steady_state(t_decode, t_mixed, load: Load, alphas, first_token_cycles: float = 0.0) -> dict:
-    """Mean TTFT, ITL, E2E (µs), cycle ``step_us`` and running requests ``D`` of one stage.
+    """Mean TTFT, ITL, E2E (µs), cycle ``step_us``, running requests ``running`` (D), the share
+    of steps that prefill ``mixed_fraction`` (f) and the first-token
+    delay's parts (``api_us``, ``wait_us``, ``prefill_us``, ``output_us``, ``cycle_delay_us``)
+    of one stage.
 
     ``t_decode`` / ``t_mixed``: step times (µs) for D = 0 … max_seqs (:func:`step_grid`);
-    ``alphas``: (α0 queueing, α1 post-decode, α2 per output token) in µs;
+    ``alphas``: (α0 API ingestion, α1 post-decode, α2 per output token) in µs;
     ``first_token_cycles``: cycles between a step and its tokens reaching the client."""
     grid = jnp.arange(load.max_seqs + 1, dtype=jnp.float32)
+    chunks = jnp.asarray(_chunks(load))
     rate = load.rate * 1e-6                                     # requests/µs
 
     def mean_step(tau):
         d = jnp.clip(rate * (load.output - 1) * tau, 0.0, float(load.max_seqs))
-        f = jnp.clip(rate * tau, 0.0, 1.0)
+        f = jnp.clip(rate * jnp.interp(d, grid, chunks) * tau, 0.0, 1.0)
         return (1 - f) * jnp.interp(d, grid, t_decode) + f * jnp.interp(d, grid, t_mixed)
 
     # start from a busy step: τ = 0 (no step ever runs) is a spurious fixed point
     tau = jax.lax.fori_loop(0, ITERATIONS, lambda _, t: 0.5 * t + 0.5 * mean_step(t), t_mixed[1])
     d = jnp.clip(rate * (load.output - 1) * tau, 0.0, float(load.max_seqs))
     a0, a1, a2 = alphas[0], alphas[1], alphas[2]
-    ttft = a0 + 0.5 * tau + jnp.interp(d, grid, t_mixed) + a2 + first_token_cycles * tau
+    mixed = jnp.clip(rate * jnp.interp(d, grid, chunks) * tau, 0.0, 1.0)
+    parts = {"api_us": a0, "wait_us": 0.5 * tau,
+             "prefill_us": jnp.interp(d, grid, chunks) * jnp.interp(d, grid, t_mixed),
+             "output_us": a2, "cycle_delay_us": first_token_cycles * tau}
+    ttft = sum(parts.values())
     itl = tau + a2
     return {"ttft_us": ttft, "itl_us": itl, "e2e_us": ttft + (load.output - 1) * itl + a1,
-            "step_us": tau, "running": d}
+            "step_us": tau, "running": d, "mixed_fraction": mixed, **parts}
+
+
+#: keys of :func:`steady_state` averaged by :func:`run_means`
+MEAN_KEYS = ("ttft_us", "itl_us", "e2e_us", "step_us", "running", "mixed_fraction", "api_us", "wait_us",
+             "prefill_us", "output_us", "cycle_delay_us")
 
 
 def run_means(stages: list[dict], loads: list[Load]) -> dict:
     """Means over a run's stages, weighted by their requests (as a run's per-request means are)."""
     w = np.array([ld.requests for ld in loads], np.float64)
     w = w / w.sum()
-    keys = [k for k in ("ttft_us", "itl_us", "e2e_us", "step_us") if all(k in s for s in stages)]
+    keys = [k for k in MEAN_KEYS if all(k in s for s in stages)]
     return {k: sum(wi * s[k] for wi, s in zip(w, stages)) for k in keys}
+
+
+def run_state(params: dict, model, gpu, tp: int, loads, grids, alphas, first_token_cycles: float = 0.0) -> dict:
+    """Steady-state means of a run (:func:`run_means` of :func:`steady_state` per stage) with
+    the native model's step times (``params``: ``{"ops", "step"}``, :func:`roofcal.model.combine.step_breakdown`)."""
+    from roofcal.model.combine import step_breakdown
+    stages = []
+    for ld, grid in zip(loads, grids):
+        t = step_breakdown(params, model, gpu, tp, grid)["total"]
+        n = ld.max_seqs + 1
+        stages.append(steady_state(t[:n], t[n:], ld, alphas, first_token_cycles))
+    return run_means(stages, list(loads))
+
+
+def first_token_parts(params: dict, model, gpu, tp: int, loads, alphas,
+                      first_token_cycles: float) -> dict:
+    """What a request waits for its first token on a deployment at ``loads`` (µs, request-weighted
+    over the loads): ``api_us``, ``wait_us``, ``prefill_us``, ``output_us``, ``cycle_delay_us``,
+    their sum ``ttft_us`` and the mean cycle ``step_us`` (module docstring)."""
+    grids = [step_grid(ld) for ld in loads]
+    m = run_state(params, model, gpu, tp, loads, grids, jnp.asarray(alphas, jnp.float32), first_token_cycles)
+    return {k: float(m[k]) for k in ("api_us", "wait_us", "prefill_us", "output_us", "cycle_delay_us",
+                                     "ttft_us", "step_us")}
+
+
+def blis_alpha0(api_us: float, cycle_us: float, first_token_cycles: float) -> float:
+    """BLIS's α0 for a deployment (µs): API ingestion plus the cycles until a token leaves —
+    the part of the first-token delay BLIS does not simulate. α0 only delays a request's entry
+    into the queue, so with open-loop arrivals it adds exactly to TTFT and E2E."""
+    return float(api_us) + float(first_token_cycles) * float(cycle_us)

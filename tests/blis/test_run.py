@@ -1,7 +1,8 @@
-"""Replaying experiments in the real BLIS binary (../shared/tools/blis): a tiny workload whose
-latencies follow by hand from BLIS's documented trained-physics formula, the open/closed workload
-specs, per-stage splitting, validation errors and MAPE, and one-line errors for a missing binary, a
-failing BLIS, a timeout and bad CLI input."""
+"""Replaying experiments in the real BLIS binary (../shared/tools/blis) through their faithful
+traces: a tiny workload whose latencies follow by hand from BLIS's documented trained-physics
+formula, BLIS's own expansion for comparison, per-stage splitting by request, per-run defaults
+files, validation errors and MAPE, and one-line errors for a missing binary, a failing BLIS, a
+timeout and bad CLI input."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ from roofcal.blis.run import (
     KNOWN_KV_BLOCKS,
     BlisSettings,
     coefficient_flags,
+    expansion_spec,
     find_blis,
     kv_blocks,
     model_config_folder,
     run_experiment,
     run_experiments,
     stage_of,
-    workload_spec,
 )
 from roofcal.blis.validate import validate, validation_text, write_validation_csv
 from roofcal.cli.main import main
@@ -55,25 +56,25 @@ A0, A1, A2 = 2000.0, 300.0, 50.0          # µs
 B7 = 1000.7                                # µs → a step of 1000 µs
 STEP = int(B7)
 BETA = [0.0] * 6 + [B7] + [0.0] * 4
-PROMPT, QUESTION, OUT = 100, 50, 10        # tokens: one prefill step (150 ≤ 2048), then 9 decode steps
+PROMPT, QUESTION, OUT = 100, 50, 10        # tokens: one prefill step (151 ≤ 2048), then 9 decode steps
 
 
 def tiny_experiment(dest: Path, name: str = "tiny-7b", source: str = CODEGEN_7B,
                     stages=((1.0, 2), (1.0, 2)), truth_e2e_s: float = 0.010) -> Path:
-    """A copy of a real experiment's server config with a tiny load (one system prompt, one user,
-    10 output tokens, ~1 request/s for 4 s) and synthetic results files."""
+    """A copy of a real experiment's server config with a tiny load — a pool of one prompt
+    (100-token system prompt + 50-token question + 1 template token), 10 generated tokens, one
+    request a second for 4 s — and synthetic results files."""
     out = dest / name
     (out / "results").mkdir(parents=True)
     shutil.copyfile(RUNS / source / "exp-config.yaml", out / "exp-config.yaml")
-    profile = json.loads((RUNS / source / "profile.yaml").read_text())
-    profile["data"]["shared_prefix"] = {
-        "num_unique_system_prompts": 1, "num_users_per_system_prompt": 1,
-        "system_prompt_len": PROMPT, "question_len": QUESTION, "output_len": OUT,
-        "enable_multi_turn_chat": False}
-    profile["load"]["stages"] = [{"rate": r, "duration": d} for r, d in stages]
-    (out / "profile.yaml").write_text(json.dumps(profile))
-    results = {"load_summary": {"count": 4},
-               "successes": {"count": 4, "latency": {"request_latency": {"mean": truth_e2e_s},
+    ran = yaml.safe_load((RUNS / source / "results" / "config.yaml").read_text())
+    ran["data"]["shared_prefix"] = {"num_groups": 1, "num_prompts_per_group": 1, "system_prompt_len": PROMPT,
+                                    "question_len": QUESTION, "output_len": OUT}
+    ran["load"]["stages"] = [{"rate": r, "duration": d} for r, d in stages]
+    (out / "results" / "config.yaml").write_text(yaml.safe_dump(ran))
+    n = sum(int(r * d) for r, d in stages)
+    results = {"load_summary": {"count": n},
+               "successes": {"count": n, "latency": {"request_latency": {"mean": truth_e2e_s, "max": truth_e2e_s},
                                                      "time_to_first_token": {"mean": 0.002}},
                              "output_len": {"mean": float(OUT)}},
                "failures": {"count": 0, "request_latency": None, "prompt_len": None}}
@@ -84,55 +85,70 @@ def tiny_experiment(dest: Path, name: str = "tiny-7b", source: str = CODEGEN_7B,
 
 def settings(**kw) -> BlisSettings:
     base = dict(blis=BLIS, defaults=resources.BLIS_DEFAULTS, hardware_config=resources.BLIS_HARDWARE,
-                model_configs=(resources.MODEL_CONFIGS,), prompts="fresh")      # the formula tests
+                model_configs=(resources.MODEL_CONFIGS,))
     base.update(kw)
     return BlisSettings(**base)
 
 
-@needs_blis
-@pytest.mark.parametrize("arrivals", ["open", "closed"])
-def test_tiny_replay_matches_the_documented_formula(tmp_path, arrivals):
-    exp = read_experiment(tiny_experiment(tmp_path))
-    r = run_experiment(exp, settings(arrivals=arrivals, prompts="fresh"), alpha=(A0, A1, A2), beta=BETA)
-
+def _formula(r, n_prompt: int):
+    """The documented per-request latencies of the tiny run (requests never overlap)."""
     ttft_us = A0 + STEP + A2                     # queueing, the prefill step, first-token processing
-    itl_us = STEP + A2                           # every later token: one decode step + processing
     e2e_us = A0 + OUT * (STEP + A2) + A1         # OUT steps, OUT × α2, α1 once at completion
-    assert r.completed == r.injected == len(r.e2e_ms) >= 2
     arrived = np.sort(r.arrived_at)
     assert np.all(np.diff(arrived) * 1e6 > e2e_us)           # requests never overlap: exact formula
     np.testing.assert_allclose(r.ttft_ms, ttft_us / 1000, rtol=0, atol=1e-9)
-    np.testing.assert_allclose(r.itl_ms, itl_us / 1000, rtol=0, atol=1e-9)
     np.testing.assert_allclose(r.e2e_ms, e2e_us / 1000, rtol=0, atol=1e-9)
-    assert np.all(r.num_prefill_tokens == PROMPT + QUESTION) and np.all(r.num_decode_tokens == OUT)
+    assert np.all(r.num_prefill_tokens == n_prompt) and np.all(r.num_decode_tokens == OUT)
+    # ITL = (E2E − TTFT) / (generated − 1), the measured side's rule: α1 spread over OUT − 1 gaps
     s = r.scopes["summary"]
+    itl_us = (e2e_us - ttft_us) / (OUT - 1)
+    assert itl_us == pytest.approx(STEP + A2 + A1 / (OUT - 1))
     assert (s.ttft_ms, s.itl_ms, s.e2e_ms) == pytest.approx((ttft_us / 1e3, itl_us / 1e3, e2e_us / 1e3))
     # the clock: the last request is done α0 + OUT steps after it arrived (α1, α2 are metrics only)
     assert r.sim_duration_s == pytest.approx(arrived[-1] + (A0 + OUT * STEP) / 1e6, abs=2e-6)
-    # stages by arrival time: [0, 2] s and the rest
-    n0 = int((r.arrived_at <= 2.0).sum())
-    assert (r.scopes["stage_0"].completed, r.scopes["stage_1"].completed) == (n0, r.completed - n0)
-    for st in ("stage_0", "stage_1"):
-        if r.scopes[st].completed:
-            assert r.scopes[st].e2e_ms == pytest.approx(e2e_us / 1e3)
-    assert (r.kv_blocks, r.kv_source) == (KNOWN_KV_BLOCKS[("meta-llama/llama-2-7b-hf", 1)], "vllm-log")
-    assert r.arrivals == arrivals and 0.0 <= r.cache_hit_rate <= 1.0 and r.wall_s > 0
+    return e2e_us
 
 
 @needs_blis
-def test_workload_specs_open_and_closed(tmp_path):
-    exp = read_experiment(tiny_experiment(tmp_path, stages=((2.0, 3), (1.5, 2))))
-    closed = json.loads(workload_spec(exp, "closed"))
-    assert closed["num_requests"] == round(2.0 * 3) + round(1.5 * 2)
-    assert closed["inference_perf"]["stages"] == [{"rate": 2.0, "duration": 3}, {"rate": 1.5, "duration": 2}]
-    assert closed["inference_perf"]["shared_prefix"]["output_len"] == OUT and "clients" not in closed
-    opened = yaml.safe_load(workload_spec(exp, "open", BLIS))
-    assert opened["num_requests"] == closed["num_requests"]
-    assert opened["clients"] and all(c["closed_loop"] is False for c in opened["clients"])
-    with pytest.raises(RoofcalError, match="need the BLIS binary"):
-        workload_spec(exp, "open")
-    with pytest.raises(RoofcalError, match="arrivals"):
-        workload_spec(exp, "poisson")
+def test_tiny_trace_replay_matches_the_documented_formula(tmp_path):
+    exp = read_experiment(tiny_experiment(tmp_path))
+    r = run_experiment(exp, settings(), alpha=(A0, A1, A2), beta=BETA)
+    assert r.completed == r.injected == len(r.e2e_ms) == 4 and r.replay == "trace"
+    e2e_us = _formula(r, PROMPT + QUESTION + 1)
+    # stages by request: the trace's first two requests are stage 0, the next two stage 1
+    assert (r.scopes["stage_0"].completed, r.scopes["stage_1"].completed) == (2, 2)
+    assert sorted(r.index.tolist()) == [0, 1, 2, 3]
+    for st in ("stage_0", "stage_1"):
+        assert r.scopes[st].e2e_ms == pytest.approx(e2e_us / 1e3)
+    # the pool prompt: its prefix (150 tokens) hits the cache in 9 whole blocks from the second
+    # request on; BLIS counts blocks, of which each request holds ⌈(151 + 10) / 16⌉ = 11
+    assert r.cache_hit_rate == pytest.approx(3 * 9 / (4 * 11), abs=1e-12)
+    assert (r.kv_blocks, r.kv_source) == (KNOWN_KV_BLOCKS[("meta-llama/llama-2-7b-hf", 1)], "vllm-log")
+    assert r.wall_s > 0 and "blis replay" in " ".join(r.command.split()[:2]).replace(str(BLIS), "blis")
+    assert "--trace-header tiny-7b.yaml --trace-data tiny-7b.csv" in r.command
+
+
+@needs_blis
+def test_blis_expansion_replay_matches_the_formula_too(tmp_path):
+    """BLIS's own closed-loop expansion (kept to compare): fresh questions, the same formula."""
+    exp = read_experiment(tiny_experiment(tmp_path))
+    # BLIS's expansion is fed profile.yaml as requested, as inference-sim's validation does
+    (tmp_path / "tiny-7b" / "profile.yaml").write_text(json.dumps({
+        "data": {"type": "shared_prefix", "shared_prefix": {
+            "num_unique_system_prompts": 1, "num_users_per_system_prompt": 1, "system_prompt_len": PROMPT,
+            "question_len": QUESTION, "output_len": OUT, "enable_multi_turn_chat": False}},
+        "load": {"type": "constant", "stages": [{"rate": 1, "duration": 2}, {"rate": 1, "duration": 2}]}}))
+    spec = json.loads(expansion_spec(exp))
+    assert spec["num_requests"] == 4
+    assert spec["inference_perf"]["stages"] == [{"rate": 1.0, "duration": 2}, {"rate": 1.0, "duration": 2}]
+    assert spec["inference_perf"]["shared_prefix"]["num_users_per_system_prompt"] == 1
+    real = json.loads(expansion_spec(read_experiment(RUNS / CODEGEN_7B)))["inference_perf"]["shared_prefix"]
+    assert (real["num_unique_system_prompts"], real["num_users_per_system_prompt"], real["enable_multi_turn_chat"]) \
+        == (11, 4, True)
+    r = run_experiment(exp, settings(replay="expansion"), alpha=(A0, A1, A2), beta=BETA)
+    assert r.replay == "expansion" and r.completed == r.injected >= 2
+    _formula(r, PROMPT + QUESTION)
+    assert "--workload-spec workload_spec.yaml" in r.command
 
 
 def test_stage_of_cumulative_windows_last_takes_rest():
@@ -188,14 +204,14 @@ def test_blis_failures_are_one_line(tmp_path):
     broken = tmp_path / "broken_defaults.yaml"
     broken.write_text("trained_physics_coefficients: [\n")
     with pytest.raises(RoofcalError) as err:                       # BLIS itself refuses the file
-        run_experiment(exp, settings(defaults=broken, arrivals="closed"))
+        run_experiment(exp, settings(defaults=broken))
     msg = str(err.value)
     assert "\n" not in msg and "BLIS failed on tiny-7b" in msg and "defaults YAML" in msg
     mixtral = read_experiment(tiny_experiment(tmp_path, name="tiny-mixtral", source=MIXTRAL))
     with pytest.raises(RoofcalError, match="probing KV blocks for mistralai/mixtral-8x7b-v0.1 TP2"):
         run_experiment(mixtral, settings(defaults=broken))
     with pytest.raises(RoofcalError, match="cannot run BLIS"):      # the binary vanished
-        run_experiment(exp, settings(blis=tmp_path / "gone", arrivals="closed"))
+        run_experiment(exp, settings(blis=tmp_path / "gone"))
     with pytest.raises(RoofcalError, match="no such BLIS defaults file"):
         run_experiment(exp, settings(defaults=tmp_path / "none.yaml"))
 
@@ -207,7 +223,7 @@ def test_timeout_kills_blis(tmp_path):
     slow.write_text("#!/bin/sh\nexec sleep 30\n")
     slow.chmod(0o755)
     with pytest.raises(RoofcalError, match=r"^BLIS timed out after 0\.5 s on tiny-7b$"):
-        run_experiment(exp, settings(blis=slow, arrivals="closed", timeout_s=0.5))
+        run_experiment(exp, settings(blis=slow, timeout_s=0.5))
 
 
 @needs_blis
@@ -221,27 +237,46 @@ def test_validate_errors_mape_and_order(tmp_path, capsys):
     assert s.loc["b-first", "err_e2e_pct"] == pytest.approx(28.0)
     assert s.loc["a-second", "err_e2e_pct"] == pytest.approx(-20.0)
     assert s.loc["b-first", "err_ttft_pct"] == pytest.approx(100 * (3.05 - 2.0) / 2.0)
-    assert v.mape["e2e"] == pytest.approx(24.0) and v.scored == 2
+    assert v.mape["e2e"] == pytest.approx(24.0) and v.scored == 2 and v.within == 0
     assert len(v.table) == 2 * 3 and not v.table["overload"].any()
-    assert (tmp_path / "keep" / "b-first" / "metrics.json").is_file()
+    kept = tmp_path / "keep" / "b-first"
+    assert (kept / "metrics.json").is_file() and (kept / "b-first.yaml").is_file() and (kept / "b-first.csv").is_file()
+    assert (kept / "cmd.txt").read_text().strip() == v.results[0].command
     assert capsys.readouterr().err.count("roofcal: [") == 2
     text = validation_text(v)
-    assert "MAPE over 2 non-overload runs: E2E 24.0 %" in text and "stage_1" in text
+    assert "MAPE over 2 non-overload runs: E2E 24.0 %" in text and "all three within 10 % on 0 of 2" in text
+    assert "stage_1" in text
     write_validation_csv(v, tmp_path / "v.csv")
     back = pd.read_csv(tmp_path / "v.csv")
     for col in ["experiment", "scope", "model", "tp", "overload", "measured_e2e_ms", "sim_itl_ms",
-                "err_ttft_pct", "sim_duration_s", "wall_s"]:
+                "err_ttft_pct", "sim_duration_s", "wall_s", "replay"]:
         assert col in back.columns
 
 
 @needs_blis
-def test_cli_validate_runs_and_writes_csv(tmp_path, capsys):
+def test_kept_command_repeats_the_number_with_blis_alone(tmp_path):
+    """The printed command, run again in the kept folder with the BLIS binary alone, gives the
+    same metrics."""
+    exp = read_experiment(tiny_experiment(tmp_path))
+    r = run_experiment(exp, settings(), alpha=(A0, A1, A2), beta=BETA, keep=tmp_path / "keep")
+    work = tmp_path / "keep" / "tiny-7b"
+    first = json.loads((work / "metrics.json").read_text())
+    (work / "metrics.json").unlink()
+    p = subprocess.run(r.command, shell=True, cwd=work, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    again = json.loads((work / "metrics.json").read_text())
+    assert again["e2e_mean_ms"] == first["e2e_mean_ms"] and again["requests"] == first["requests"]
+
+
+@needs_blis
+def test_cli_validate_runs_writes_csv_and_prints_commands(tmp_path, capsys):
     exp = tiny_experiment(tmp_path)
     out = tmp_path / "res.csv"
-    code = main(["workload", "validate", str(exp), "--blis", str(BLIS), "--arrivals", "closed",
+    code = main(["workload", "validate", str(exp), "--blis", str(BLIS),
                  "--model-configs", str(resources.MODEL_CONFIGS), "--out", str(out), "--workers", "1"])
     assert code == 0 and out.is_file()
-    assert "closed-loop arrivals" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "faithful trace" in text and "BLIS command per run" in text and " replay " in text
     assert pd.read_csv(out)["scope"].tolist() == ["summary", "stage_0", "stage_1"]
 
 
@@ -252,21 +287,6 @@ def test_cli_bad_input_exits_2_with_one_line():
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and "Traceback" not in p.stderr
     assert p.stderr.startswith("roofcal: error: /nonexistent")
-
-
-@needs_blis
-def test_pool_prompts_replay_one_cached_prompt_per_user(tmp_path):
-    # one simulated user: every request is the same prompt (system + question as a prefix, plus
-    # ≥ 1 template token), so from the second request on its whole prefix blocks hit the cache
-    exp = read_experiment(tiny_experiment(tmp_path, stages=((2.0, 3),)))
-    spec = yaml.safe_load(workload_spec(exp, "open", BLIS, prompts="pool"))
-    (client,) = spec["clients"]
-    assert client["prefix_group"] == client["id"] and client["prefix_length"] == PROMPT + QUESTION
-    assert client["input_distribution"] == {"type": "constant", "params": {"value": 1}}
-    r = run_experiment(exp, settings(prompts="pool"), alpha=(A0, A1, A2), beta=BETA)
-    assert np.all(r.num_prefill_tokens == PROMPT + QUESTION + 1)
-    fresh = run_experiment(exp, settings(prompts="fresh"), alpha=(A0, A1, A2), beta=BETA)
-    assert r.cache_hit_rate > fresh.cache_hit_rate
 
 
 @needs_blis
@@ -282,22 +302,28 @@ def test_kv_blocks_from_capacity_where_vllm_did_not_log_them():
     assert kv_blocks(read_experiment(RUNS / CODEGEN_7B), settings(kv_blocks="capacity")) == (7463, "vllm-log")
     with pytest.raises(RoofcalError, match="kv_blocks must be"):
         settings(kv_blocks="guess")
+    with pytest.raises(RoofcalError, match="replay must be one of trace, expansion"):
+        settings(replay="open")
 
 
 @needs_blis
-def test_per_run_alphas_shift_each_run_by_its_own_alpha0(tmp_path):
-    """A first-token delay of one cycle per run (roofcal.calibration.workload.run_alphas): each
-    run gets α0 + its cycle; α0 only delays entry into the queue, so TTFT and E2E move by exactly
-    that and ITL not at all."""
-    from roofcal.calibration.workload import run_alphas
+def test_per_run_defaults_files_shift_each_run_by_its_own_alpha0(tmp_path):
+    """Each run replayed with its own defaults.yaml (as per-deployment exports are used): α0 only
+    delays entry into the queue, so TTFT and E2E move by exactly the α0 difference and ITL — the
+    same (E2E − TTFT)/(generated − 1) on both — not at all."""
+    from roofcal.blis.defaults_yaml import replace_coefficients
     a = read_experiment(tiny_experiment(tmp_path, "tiny-a"))
     b = read_experiment(tiny_experiment(tmp_path, "tiny-b"))
-    per_run = run_alphas((A0, A1, A2), [0.0, 7000.0], ["tiny-a", "tiny-b"], 1.0)
-    assert per_run == {"tiny-a": (A0, A1, A2), "tiny-b": (A0 + 7000.0, A1, A2)}
-    ra, rb = run_experiments([a, b], settings(prompts="fresh"), per_run, BETA, progress=False)
+    text = resources.BLIS_DEFAULTS.read_text(encoding="utf-8")
+    files = {}
+    for name, a0 in (("tiny-a", A0), ("tiny-b", A0 + 7000.0)):
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(replace_coefficients(text, (a0, A1, A2), BETA, "test"), encoding="utf-8")
+    ra, rb = run_experiments([a, b], settings(), progress=False, defaults=files)
     sa, sb = ra.scopes["summary"], rb.scopes["summary"]
     assert sb.ttft_ms - sa.ttft_ms == pytest.approx(7.0, abs=1e-6)
     assert sb.e2e_ms - sa.e2e_ms == pytest.approx(7.0, abs=1e-6)
     assert sb.itl_ms == pytest.approx(sa.itl_ms, abs=1e-9)
-    with pytest.raises(KeyError):                      # every run needs its alphas
-        run_experiments([a, b], settings(), {"tiny-a": (A0, A1, A2)}, BETA, progress=False)
+    assert str(files["tiny-b"].resolve()) in rb.command
+    with pytest.raises(RoofcalError, match="no such BLIS defaults file"):
+        run_experiments([a], settings(), progress=False, defaults={"tiny-a": tmp_path / "missing.yaml"})

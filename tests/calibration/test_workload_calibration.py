@@ -45,17 +45,6 @@ def test_levenberg_marquardt_recovers_a_known_curve():
 
 
 @needs_runs
-def test_loads_follow_the_prompt_pool_as_measured():
-    from roofcal.measurements.workload import read_experiment
-    exp = read_experiment(RUNS / "20260217-155451-llama-2-7b-tp1-codegen")
-    loads = W.loads_of(exp)
-    # profile: system 100 + question 466 tokens, output 247, stages 5/s and 10/s × 600 s;
-    # measured mean prompt 591.63 tokens; whole 16-token blocks of 566 cached = 560
-    assert [(ld.rate, ld.duration) for ld in loads] == [(5.0, 600), (10.0, 600)]
-    assert {(ld.prompt, ld.cached, ld.output, ld.max_seqs) for ld in loads} == {(592, 560, 247, 128)}
-
-
-@needs_runs
 def test_bad_requests_are_one_line_errors(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     run = lambda *a: subprocess.run([sys.executable, "-m", "roofcal.cli", "workload", *a], capture_output=True,
@@ -75,10 +64,11 @@ def test_bad_requests_are_one_line_errors(tmp_path):
                     reason="BLIS binary or experiments not found (../shared beside the project)")
 def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
     # a short real run (Llama-2-7B server, 5 req/s for 20 s) with BLIS in the loop: the fitted
-    # stack lands in the file as its default, with its source, and replaying the written file
-    # gives what the calibration reported
+    # stack lands in the file as its default, with its source; replaying the runs with what
+    # `export blis --out-dir` writes for the written file gives what the calibration reported
     import json
     import shutil
+    import yaml
     from roofcal.blis.run import BlisSettings
     from roofcal.blis.validate import validate
     from roofcal.model import coeffs as coeff_io
@@ -86,9 +76,9 @@ def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
     src = RUNS / "20260217-155451-llama-2-7b-tp1-codegen"
     exp_dir = tmp_path / "short-7b"
     shutil.copytree(src, exp_dir)
-    prof = json.loads((exp_dir / "profile.yaml").read_text())
-    prof["load"]["stages"] = [{"rate": 5, "duration": 20}]          # ≥ 1 round per simulated user
-    (exp_dir / "profile.yaml").write_text(json.dumps(prof))
+    ran = yaml.safe_load((exp_dir / "results" / "config.yaml").read_text())
+    ran["load"]["stages"] = [{"rate": 5, "duration": 20}]
+    (exp_dir / "results" / "config.yaml").write_text(yaml.safe_dump(ran))
     shutil.copyfile(exp_dir / "results" / "stage_0_lifecycle_metrics.json",
                     exp_dir / "results" / "summary_lifecycle_metrics.json")
     (exp_dir / "results" / "stage_1_lifecycle_metrics.json").unlink()
@@ -103,21 +93,21 @@ def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
     assert c.stack == "short" and {"splitwise", "vllm", "short"} <= set(c.stacks)
     st = c.stacks["short"]
     assert st.source["kind"].startswith("workload") and st.source["experiments"][0]["name"] == "short-7b"
-    assert st.source["blis"]["arrivals"] == "open" and st.source["blis"]["prompts"] == "pool"
+    assert st.source["blis"]["replay"] == "trace" and st.source["first_token"]["cycles"] == 1.0
+    assert st.source["settings"]["export"] == "per-deployment"
     for name, v in rep.calibration.best.theta.items():
         assert v > 0 and (name != "overlap" or v >= 1)
-    alphas = [st.alphas_us[n] for n in coeff_io.ALPHAS]
-    assert alphas == pytest.approx(list(rep.calibration.best.alpha), rel=1e-6)
-    # replayed as `workload validate` does (α0 + one steady-state cycle of the run), BLIS gives
-    # exactly what the calibration saw; with the bare α0 every request is one cycle earlier
-    per_run = W.replay_alphas(c, [exp], rep.calibration.best.alpha, bs.model_configs)
-    assert st.source["first_token"]["cycles"] == 1.0
-    cycle_us = per_run[exp.name][0] - rep.calibration.best.alpha[0]
-    assert cycle_us == pytest.approx(st.source["first_token"]["mean_cycle_us"], rel=1e-3)
-    again = validate([exp], bs, per_run, rep.calibration.best.beta, progress=False)
-    row = again.table[again.table["scope"] == "summary"].iloc[0]
+    (ex,) = rep.calibration.best.exports
+    assert ex.covers(exp) and [e.name for e in ex.target.experiments] == ["short-7b"]
+    # α0 = the stack's API time + one cycle of this deployment at this load
+    api = st.alphas_us["queueing_us"]
+    assert ex.alpha[0] == pytest.approx(api + ex.first_token["cycle_us"], rel=1e-6)
+    assert 3000 < ex.first_token["cycle_us"] < 30000
+    # the written file, exported again, replays to what the calibration reported
+    again = W.export_for(c, [exp], bs, samples=100)
+    assert again[0].alpha == pytest.approx(ex.alpha, rel=1e-5) and again[0].beta == pytest.approx(ex.beta, rel=1e-5)
+    v = validate([exp], bs, again[0].alpha, again[0].beta, progress=False)
+    row = v.table[v.table["scope"] == "summary"].iloc[0]
     first = rep.validation.table[rep.validation.table["scope"] == "summary"].iloc[0]
-    assert row["sim_e2e_ms"] == first["sim_e2e_ms"] and row["sim_ttft_ms"] == first["sim_ttft_ms"]
-    bare = validate([exp], bs, rep.calibration.best.alpha, rep.calibration.best.beta, progress=False)
-    b = bare.table[bare.table["scope"] == "summary"].iloc[0]
-    assert first["sim_ttft_ms"] - b["sim_ttft_ms"] == pytest.approx(cycle_us / 1000, abs=1e-3)   # whole µs in BLIS
+    assert row["sim_e2e_ms"] == pytest.approx(first["sim_e2e_ms"], rel=1e-3)
+    assert row["sim_ttft_ms"] == pytest.approx(first["sim_ttft_ms"], rel=1e-3)

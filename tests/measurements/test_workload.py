@@ -1,5 +1,7 @@
-"""Reading real vLLM serving experiments (../shared/workload/default_args): server, load, ground
-truth by hand, overload flags, and a one-line refusal naming file and field for every bad input."""
+"""Reading real vLLM serving experiments (../shared/workload/default_args): server, what
+inference-perf actually ran (results/config.yaml), ground truth by hand on generated tokens,
+inference-perf's schedule rebuilt, overload flags, and a one-line refusal naming file and field
+for every bad input."""
 
 from __future__ import annotations
 
@@ -7,13 +9,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
 from roofcal.errors import RoofcalError
 from roofcal.measurements.workload import (
     Measured,
-    SharedPrefix,
+    PromptPool,
     Stage,
+    inference_perf_requests,
     read_experiment,
     read_experiments,
 )
@@ -31,8 +36,8 @@ def copy_experiment(name: str, dest: Path) -> Path:
     """A writable copy of an experiment's input files (the shared tree is read-only)."""
     src, out = RUNS / name, dest / name
     (out / "results").mkdir(parents=True)
-    for f in ["exp-config.yaml", "profile.yaml"] + [f"results/{p.name}" for p in
-                                                    (src / "results").glob("*_lifecycle_metrics.json")]:
+    for f in ["exp-config.yaml", "results/config.yaml"] + [f"results/{p.name}" for p in
+                                                           (src / "results").glob("*_lifecycle_metrics.json")]:
         shutil.copyfile(src / f, out / f)
     return out
 
@@ -57,24 +62,64 @@ def test_codegen_7b_fields_and_ground_truth_by_hand():
     assert e.model == "meta-llama/Llama-2-7b-hf" and e.model_id == "meta-llama/llama-2-7b-hf"
     assert (e.tp, e.max_model_len, e.max_num_batched_tokens, e.max_num_seqs) == (1, 4096, 2048, 128)
     assert e.stages == (Stage(5.0, 600.0), Stage(10.0, 600.0))
-    assert e.prefix == SharedPrefix(11, 4, 100, 466, 247, True)
+    # what ran (results/config.yaml), not what profile.yaml asked for (11 × 4 users)
+    assert e.pool == PromptPool(10, 10, 100, 466, 247) and e.pool.size == 100
     assert e.num_requests == 5 * 600 + 10 * 600
-    assert not e.overload
+    assert e.timeout_s == 300.0 and not e.overload and e.kind == "inference-perf"
 
-    # ITL = (mean E2E − mean TTFT) / (mean output_len − 1), from the file by hand (seconds → ms)
+    # ITL = (mean E2E − mean TTFT) / (generated − 1), generated = output_len = 247 (ignore_eos),
+    # by hand from the file (seconds → ms); the client's re-tokenised mean (195.1) is kept aside
     d = json.loads((RUNS / CODEGEN_7B / "results" / "summary_lifecycle_metrics.json").read_text())
     lat = d["successes"]["latency"]
     e2e, ttft = lat["request_latency"]["mean"], lat["time_to_first_token"]["mean"]
-    out_len = d["successes"]["output_len"]["mean"]
     s = e.truth["summary"]
     assert s.e2e_ms == pytest.approx(e2e * 1000, rel=1e-12)
     assert s.ttft_ms == pytest.approx(ttft * 1000, rel=1e-12)
-    assert s.itl_ms == pytest.approx((e2e - ttft) / (out_len - 1) * 1000, rel=1e-12)
-    # the README's rounded figures: (2080.74 − 27.98) / (195.1 − 1) ms ≈ 10.58 ms
-    assert s.itl_ms == pytest.approx((2080.74 - 27.98) / (195.1 - 1), abs=0.01)
-    assert s.itl_ms == pytest.approx(10.58, abs=0.01)
+    assert s.itl_ms == pytest.approx((e2e - ttft) / (247 - 1) * 1000, rel=1e-12)
+    # ../shared/workload/README.md: "7B codegen is 8.34 ms, not 10.58"
+    assert s.itl_ms == pytest.approx((2080.74 - 27.98) / 246, abs=0.01) and s.itl_ms == pytest.approx(8.34, abs=0.01)
+    assert s.generated == 247 and s.client_output_len == pytest.approx(195.1, abs=0.05)
     assert (s.n_success, s.n_failures, s.failure_rate) == (9000, 0, 0.0)
     assert e.truth["stage_0"].n_success == 3000 and e.truth["stage_1"].n_success == 6000
+    # the second stage starts once the first has drained (its longest request) + 2 s
+    d0 = json.loads((RUNS / CODEGEN_7B / "results" / "stage_0_lifecycle_metrics.json").read_text())
+    drain = d0["successes"]["latency"]["request_latency"]["max"]
+    assert e.stage_starts_s == pytest.approx((0.0, 600.0 + drain + 2.0))
+
+
+@needs_data
+def test_schedule_is_inference_perfs_open_loop_pool():
+    """The rebuilt schedule (inference-perf's ConstantLoadTimer and shared-prefix pool, facts in
+    ../shared/workload/README.md): ⌊rate · duration⌋ sends per stage, exponential gaps rescaled so
+    the last send is at the stage's end; request n of a stage uses pool prompt n mod 100, whose
+    prefix holds all of it but its last token; lengths follow the measured distribution; output
+    as generated; the client's 300 s timeout as the deadline; seeded and reproducible."""
+    e = read_experiment(RUNS / CODEGEN_7B)
+    r = e.requests(42)
+    assert len(r) == 9000 and np.all(np.diff(r.request_id) == 1)
+    for i, (stage, start) in enumerate(zip(e.stages, e.stage_starts_s)):
+        t = r.send_us[r.stage == i] / 1e6
+        assert len(t) == int(stage.rate * stage.duration)
+        assert np.all(np.diff(t) >= 0) and t[0] > start
+        assert t[-1] == pytest.approx(start + stage.duration, abs=1e-6)       # rescaled to the duration
+        gaps = np.diff(np.concatenate([[start], t]))
+        assert gaps.mean() == pytest.approx(1 / stage.rate, rel=1e-3)
+        assert np.std(gaps) / gaps.mean() == pytest.approx(1.0, abs=0.06)    # exponential: CV ≈ 1
+        groups = r.prefix_group[r.stage == i]
+        assert list(groups[:3]) == ["prompt-00", "prompt-01", "prompt-02"] and groups[100] == "prompt-00"
+    assert len(set(r.prefix_group.tolist())) == 100
+    assert np.all(r.suffix_len == 1) and np.all(r.output_tokens == 247)
+    assert np.all(r.deadline_us == r.send_us + 300_000_000)
+    # prompt lengths: the measured mean and range (580–604 tokens)
+    assert r.prompt_tokens.mean() == pytest.approx(e.truth["summary"].prompt_len, abs=0.5)
+    assert r.prompt_tokens.min() >= 580 and r.prompt_tokens.max() <= 604
+    # the prefix cache holds a pool prompt's whole blocks after its first use (100 first uses)
+    cached = r.cached_tokens()
+    assert (cached == 0).sum() == 100
+    assert np.all(cached[100:] == ((r.prompt_tokens[100:] - 1) // 16) * 16)
+    again = e.requests(42)
+    assert np.array_equal(again.send_us, r.send_us)
+    assert not np.array_equal(inference_perf_requests(e, 7).send_us, r.send_us)
 
 
 @needs_data
@@ -91,10 +136,26 @@ def test_measured_failure_rate_edges():
     assert Measured(1, 1, 1, 2, 0, 0).failure_rate == 0.0
 
 
+@needs_data
+def test_overload_runs_timed_out_at_300_s():
+    """The failures of the overloaded runs lasted 300.0–301.0 s: the client's default timeout."""
+    for name in (REASONING_7B,):
+        d = json.loads((RUNS / name / "results" / "summary_lifecycle_metrics.json").read_text())
+        lat = d["failures"]["request_latency"]
+        assert 300.0 <= lat["min"] and lat["max"] <= 301.0
+        assert read_experiment(RUNS / name).timeout_s == 300.0
+
+
 def _edit_json(path: Path, edit) -> None:
     d = json.loads(path.read_text())
     edit(d)
     path.write_text(json.dumps(d))
+
+
+def _edit_yaml(path: Path, edit) -> None:
+    d = yaml.safe_load(path.read_text())
+    edit(d)
+    path.write_text(yaml.safe_dump(d))
 
 
 def _edit_config(path: Path, edit) -> None:
@@ -103,31 +164,34 @@ def _edit_config(path: Path, edit) -> None:
     path.write_text("".join(f"{k}:{v}\n" for k, v in lines.items()))
 
 
-BAD_PROFILES = [
-    ("unknown prefix field", lambda d: d["data"]["shared_prefix"].update(num_groups=3), "data.shared_prefix.num_groups"),
-    ("missing prefix field", lambda d: d["data"]["shared_prefix"].pop("output_len"), "data.shared_prefix.output_len"),
-    ("ill-typed flag", lambda d: d["data"]["shared_prefix"].update(enable_multi_turn_chat="yes"),
+BAD_RAN = [
+    ("unknown pool field", lambda d: d["data"]["shared_prefix"].update(num_topics=3), "data.shared_prefix.num_topics"),
+    ("missing pool field", lambda d: d["data"]["shared_prefix"].pop("output_len"), "data.shared_prefix.output_len"),
+    ("multi-turn", lambda d: d["data"]["shared_prefix"].update(enable_multi_turn_chat=True),
      "data.shared_prefix.enable_multi_turn_chat"),
     ("float length", lambda d: d["data"]["shared_prefix"].update(question_len=466.5), "data.shared_prefix.question_len"),
-    ("unknown load field", lambda d: d["load"].update(sweep=None), "load.sweep"),
+    ("a dataset", lambda d: d["data"].update(path="prompts.json"), "data.path"),
+    ("a sweep", lambda d: d["load"].update(sweep={"num_stages": 3}), "load.sweep"),
     ("not constant", lambda d: d["load"].update(type="poisson"), "load.type"),
     ("no stages", lambda d: d["load"].update(stages=[]), "load.stages"),
     ("string rate", lambda d: d["load"]["stages"][1].update(rate="10"), "load.stages.1.rate"),
     ("zero duration", lambda d: d["load"]["stages"][0].update(duration=0), "load.stages.0.duration"),
     ("unknown stage field", lambda d: d["load"]["stages"][0].update(ramp=1), "load.stages.0.ramp"),
     ("other data type", lambda d: d["data"].update(type="random"), "data.type"),
+    ("no streaming", lambda d: d["api"].update(streaming=False), "api.streaming"),
+    ("bad timeout", lambda d: d["load"].update(request_timeout=-1), "load.request_timeout"),
 ]
 
 
 @needs_data
-@pytest.mark.parametrize("case,edit,field", BAD_PROFILES, ids=[c[0] for c in BAD_PROFILES])
-def test_bad_profile_names_file_and_field(tmp_path, case, edit, field):
+@pytest.mark.parametrize("case,edit,field", BAD_RAN, ids=[c[0] for c in BAD_RAN])
+def test_bad_ran_config_names_file_and_field(tmp_path, case, edit, field):
     exp = copy_experiment(CODEGEN_7B, tmp_path)
-    _edit_json(exp / "profile.yaml", edit)
+    _edit_yaml(exp / "results" / "config.yaml", edit)
     with pytest.raises(RoofcalError) as err:
         read_experiment(exp)
     msg = str(err.value)
-    assert "profile.yaml" in msg and f"field '{field}'" in msg and "\n" not in msg
+    assert "config.yaml" in msg and f"field '{field}'" in msg and "\n" not in msg
 
 
 BAD_CONFIGS = [
@@ -160,11 +224,11 @@ def test_bad_results_name_file_and_field(tmp_path):
 @needs_data
 @pytest.mark.parametrize("missing", ["results/stage_1_lifecycle_metrics.json",
                                      "results/summary_lifecycle_metrics.json",
-                                     "profile.yaml", "exp-config.yaml"])
+                                     "results/config.yaml", "exp-config.yaml"])
 def test_missing_file_is_named(tmp_path, missing):
     exp = copy_experiment(CODEGEN_7B, tmp_path)
     (exp / missing).unlink()
-    with pytest.raises(RoofcalError, match=Path(missing).name.replace(".", r"\.")):
+    with pytest.raises(RoofcalError, match=missing.replace(".", r"\.")):
         read_experiment(exp)
 
 

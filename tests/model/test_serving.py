@@ -4,7 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roofcal.model.serving import Load, run_means, steady_state, step_grid
+from pathlib import Path
+
+from roofcal.model.serving import Load, blis_alpha0, chunk_tokens, loads_of, run_means, steady_state, step_grid
+
+RUNS = Path(__file__).resolve().parents[2].parent / "shared" / "workload" / "default_args"
 
 
 def test_constant_steps_give_the_textbook_means():
@@ -65,3 +69,41 @@ def test_first_token_cycles_shift_ttft_and_e2e_not_itl():
     assert float(late["ttft_us"]) == pytest.approx(26_020.0)
     assert float(late["itl_us"]) == float(base["itl_us"]) == pytest.approx(10_020.0)
     assert float(late["e2e_us"]) - float(base["e2e_us"]) == pytest.approx(10_000.0)
+    # the first token's delay, part by part: API, half a step of waiting, the prefill step, α2,
+    # and the cycle until its output leaves
+    parts = [float(late[k]) for k in ("api_us", "wait_us", "prefill_us", "output_us", "cycle_delay_us")]
+    assert parts == pytest.approx([1000.0, 5000.0, 10_000.0, 20.0, 10_000.0])
+    assert sum(parts) == pytest.approx(float(late["ttft_us"]))
+    # BLIS simulates the wait and the prefill; its α0 carries the API time and the cycle
+    assert blis_alpha0(1000.0, float(late["step_us"]), 1.0) == pytest.approx(11_000.0)
+
+
+def test_chunked_prefill_takes_several_steps_of_the_budget_left_by_decodes():
+    # 5,000 new tokens under a 2,048-token budget: with 48 decodes running a chunk holds 2,000
+    # tokens, so the prompt takes 3 steps — each a mixed step of the grid — before its first token
+    ld = Load(rate=1.0, duration=60, prompt=5000, cached=0, output=11, max_seqs=64, budget=2048)
+    assert chunk_tokens(ld, 48) == 2000 and chunk_tokens(ld, 0) == 2048 and chunk_tokens(ld, 2047) == 1
+    g = step_grid(ld)
+    assert np.asarray(g.prefill_new)[65 + 48].tolist()[0] == 2000
+    t = np.full(65, 10_000.0, np.float32)
+    res = steady_state(t, t, ld, np.zeros(3, np.float32))
+    assert float(res["prefill_us"]) == pytest.approx(3 * 10_000.0)       # ⌈5000 / (2048 − D)⌉, D ≈ 1
+    # a prompt over its cached prefix computes only the rest: one step
+    small = Load(rate=1.0, duration=60, prompt=5000, cached=4992, output=11, max_seqs=64, budget=2048)
+    assert float(steady_state(t, t, small, np.zeros(3, np.float32))["prefill_us"]) == pytest.approx(10_000.0)
+
+
+@pytest.mark.skipif(not RUNS.is_dir(), reason="experiments not found (../shared beside the project)")
+def test_loads_follow_the_rebuilt_schedule():
+    from roofcal.measurements.workload import read_experiment
+    exp = read_experiment(RUNS / "20260217-155451-llama-2-7b-tp1-codegen")
+    loads = loads_of(exp)
+    req = exp.requests()
+    assert [(ld.rate, ld.duration, ld.max_seqs, ld.budget) for ld in loads] == [(5.0, 600, 128, 2048), (10.0, 600, 128, 2048)]
+    # the measured mean prompt; cached: whole blocks of each pool prompt but its last token,
+    # after its first use (the first 100 requests of stage 0 use each prompt for the first time)
+    assert loads[0].prompt == pytest.approx(req.prompt_tokens[req.stage == 0].mean())
+    assert loads[1].cached == pytest.approx(np.mean(((req.prompt_tokens[req.stage == 1] - 1) // 16) * 16))
+    assert loads[0].cached < loads[1].cached and loads[0].output == loads[1].output == 247
+    # a prompt computes its last partial block: 1–16 tokens, ≈ 8.5 on average
+    assert loads[1].new_tokens == round(loads[1].prompt - loads[1].cached) and 7 <= loads[1].new_tokens <= 10

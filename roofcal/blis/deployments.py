@@ -1,0 +1,378 @@
+"""Per-deployment export: BLIS coefficients for one deployment and the load it will serve.
+
+BLIS's coefficients are global to a run of BLIS, and a real server's first-token delay follows
+its own cycle (:mod:`roofcal.model.serving`), so roofcal exports one set per deployment (model,
+TP, GPU):
+
+* **betas** distilled for that deployment alone — steps sampled over its server's limits
+  (:mod:`roofcal.blis.sampling`) and, when its runs are given, the steps of their steady states,
+  half the weight each — predicted by the calibrated native model (:mod:`roofcal.blis.fit`);
+* **alphas** from the serving stack when it was calibrated on request-level data (else kept from
+  the input ``defaults.yaml``), with α0 = the stack's API ingestion + the cycles until a token
+  leaves × *this deployment's* mean cycle (:func:`roofcal.model.serving.blis_alpha0`): the cycle
+  of its runs' steady states (request-weighted over the stages the model does not predict to
+  saturate — a saturated stage's queue BLIS simulates itself), or without runs a **nominal**
+  cycle, the native step of :data:`NOMINAL_DECODES` decodes at :data:`NOMINAL_CONTEXT` tokens.
+
+:func:`write_defaults` writes each set into its own copy of BLIS's ``defaults.yaml`` (only the
+coefficient lines change, with a provenance comment), all files or none; :func:`usage` says which
+file — or which ``--alpha-coeffs``/``--beta-coeffs`` flags — go with which ``blis`` command.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from roofcal import resources
+from roofcal.blis.defaults_yaml import check_written, read_defaults_coefficients, read_text_exact, replace_coefficients
+from roofcal.blis.fit import BlisFitSettings, Deployment, build_rows, fit_blis, resolve_deployment
+from roofcal.blis.form import blis_flags, validate_export_coeffs
+from roofcal.blis.hardware_json import hardware_for_gpu
+from roofcal.blis.sampling import SamplerSettings
+from roofcal.errors import RoofcalError
+from roofcal.io import write_files_atomic
+from roofcal.model.coeffs import ALPHAS, Coefficients, round_sig
+
+#: the nominal load of a deployment exported without runs: decodes in a step, and their context
+NOMINAL_DECODES = 32
+NOMINAL_CONTEXT = 1024
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """What to export for: a ``deployment`` (model config, TP), the name BLIS's ``--model`` takes,
+    and the runs it will serve (may be empty: nominal load)."""
+
+    deployment: Deployment
+    blis_model: str
+    experiments: tuple = ()
+    name: str = ""            # file stem; default ``<model>-tp<T>``
+
+    @property
+    def stem(self) -> str:
+        """File stem of its ``defaults.yaml``: ``name``, else ``<model>-tp<T>``."""
+        if self.name:
+            return self.name
+        m = self.deployment.model
+        name = Path(m).parent.name if m.endswith("config.json") else Path(m).name
+        return f"{name.lower()}-tp{self.deployment.tp}"
+
+
+def targets_for_experiments(exps, model_configs, per_run: bool = False) -> list[Target]:
+    """One :class:`Target` per deployment of ``exps`` (model config, TP), its runs in input order;
+    with ``per_run`` one per run (the deployment at that run's load, named after the run)."""
+    from roofcal.blis.run import model_config_folder
+    groups: dict[tuple, list] = {}
+    ids: dict[tuple, str] = {}
+    for e in exps:
+        key = (str(model_config_folder(e, model_configs) / "config.json"), int(e.tp)) + ((e.name,) if per_run else ())
+        groups.setdefault(key, []).append(e)
+        ids.setdefault(key, e.model_id)
+    return [Target(Deployment(k[0], k[1]), ids[k], tuple(v), k[2] if per_run else "") for k, v in groups.items()]
+
+
+def targets_for_deployments(deps: Sequence[Deployment]) -> list[Target]:
+    """Targets without runs (nominal load); BLIS's ``--model`` is the name given."""
+    return [Target(d, d.model) for d in deps]
+
+
+@dataclass(frozen=True, eq=False)
+class DeploymentExport:
+    """BLIS coefficients for the deployments of ``targets`` — one deployment (the per-deployment
+    export) or several sharing one file (a global export) — and how they were made.
+    ``first_token``: the first-token delay's parts (µs, :func:`roofcal.model.serving.first_token_parts`)
+    and the cycle α0 carries; ``metrics``: the distillation's scores (:func:`roofcal.blis.fit.fit_blis`)."""
+
+    targets: tuple
+    hardware: str
+    alpha: tuple
+    beta: tuple
+    alpha_source: str
+    first_token: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def target(self) -> Target:
+        """The one target of a per-deployment export."""
+        if len(self.targets) != 1:
+            raise RoofcalError("a global export has several deployments")
+        return self.targets[0]
+
+    @property
+    def flags(self) -> str:
+        return blis_flags(self.alpha, self.beta)
+
+    def covers(self, exp) -> bool:
+        """Whether ``exp`` is one of the targets' runs, or — for targets of a deployment rather
+        than of a run — of one of their deployments (BLIS model id, TP)."""
+        return any(any(e.name == exp.name for e in t.experiments)
+                   or (not t.name and t.blis_model == exp.model_id and int(t.deployment.tp) == int(exp.tp))
+                   for t in self.targets)
+
+    def distill_mape(self) -> float | None:
+        """Held-out MAPE (%) of BLIS's form against the native model on the sampled steps."""
+        return self.metrics.get("heldout", {}).get("distill", {}).get("all", {}).get("blis_mape")
+
+
+#: relative weight of the sampled steps and of the deployment's own steady-state steps when its
+#: runs are given (without runs: the samples alone). The samples cover steps the steady state
+#: does not (first prefills, odd batches); at 0.1 they still hold those within a few % while the
+#: BLIS basis spends itself on the steps the server runs — on Mixtral-8x7B TP 2, whose native
+#: decode reads only the experts a small batch touches (which BLIS's basis cannot express),
+#: the weighted error on its own steps is 3.8 % at 0.2, 2.1 % at 0.1, held-out sample error
+#: 12.8 vs 12.4 %.
+SOURCE_WEIGHTS = (("distill", 0.1), ("measured", 0.9))
+#: floor of a steady-state step's weight, relative to the most frequent one (keeps every
+#: occupancy in the fit)
+WEIGHT_FLOOR = 1e-3
+
+
+def occupancy_weights(decodes: np.ndarray, mixed: np.ndarray, states: Sequence[dict],
+                      requests: Sequence[float]) -> np.ndarray:
+    """How often a server runs each step (relative): a step with ``decodes`` running decodes is
+    weighted by the Poisson probability of that many under each stage's mean (the concurrency of
+    an M/G/∞ system), times the stage's share of mixed steps (``f``) or decode-only steps
+    (1 − f), summed over the stages weighted by their ``requests``; floored at
+    :data:`WEIGHT_FLOOR` of the largest."""
+    from math import lgamma, log
+    k = np.asarray(decodes, np.float64)
+    lgk = np.array([lgamma(x + 1.0) for x in k])
+    out = np.zeros(len(k))
+    for st, n in zip(states, requests):
+        lam = max(float(st["running"]), 1e-9)
+        pmf = np.exp(k * log(lam) - lam - lgk)
+        f = float(np.clip(st["mixed_fraction"], 0.0, 1.0))
+        out += n * pmf * np.where(mixed, f, 1.0 - f)
+    out = out / out.max() if out.max() > 0 else np.ones(len(k))
+    return np.maximum(out, WEIGHT_FLOOR)
+
+
+def workload_steps(coeffs: Coefficients, exps, config: str, tp: int, seed: int = 42) -> tuple[list, list]:
+    """The steps of the runs' steady states (:func:`roofcal.model.serving.step_grid`, the empty
+    step dropped) with the native model's times as targets — the batch mix the export must get
+    right — as :class:`~roofcal.measurements.stepdata.StepData` per run, and each step's weight
+    (:func:`occupancy_weights` at the stack's steady state of each stage)."""
+    import jax.numpy as jnp
+
+    from roofcal.measurements.stepdata import StepData
+    from roofcal.model.combine import step_breakdown
+    from roofcal.model.serving import loads_of, run_state, step_grid
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(coeffs.gpu)
+    spec = load_model(config)
+    alphas = jnp.asarray(_stack_alphas(coeffs), jnp.float32)
+    out, weights = [], []
+    for e in exps:
+        loads = loads_of(e, seed)
+        grid = step_grid(loads[0])                # the stages of a run share their prompts
+        grid = grid.take(np.arange(1, grid.num_steps))
+        pred = np.asarray(step_breakdown(coeffs.params, spec, gpu, int(tp), grid)["total"], np.float64)
+        mixed = np.asarray(grid.prefill_mask).sum(1) > 0
+        phase = np.where(mixed, "mixed", "decode")
+        out.append(StepData(spec, gpu.name, int(tp), grid, pred, phase,
+                            np.array([f"{e.name}#{k}" for k in range(len(pred))]), f"{e.name} (steady-state steps)"))
+        states = [run_state(coeffs.params, spec, gpu, int(tp), [ld], [step_grid(ld)], alphas) for ld in loads]
+        weights.append(occupancy_weights(np.asarray(grid.decode_mask).sum(1), mixed,
+                                         [{"running": float(m["running"]), "mixed_fraction": float(m["mixed_fraction"])}
+                                          for m in states], [ld.requests for ld in loads]))
+    return out, weights
+
+
+def _stack_alphas(coeffs: Coefficients) -> list[float]:
+    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
+    return [float(st.alphas_us[n]) for n in ALPHAS] if st is not None else [0.0, 0.0, 0.0]
+
+
+def stack_first_token_cycles(coeffs: Coefficients) -> float:
+    """Cycles between a step and its tokens at the client recorded by the file's stack (0: none)."""
+    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
+    return float(((st.source if st is not None else {}).get("first_token") or {}).get("cycles", 0.0))
+
+
+def deployment_cycle(coeffs: Coefficients, target: Target, api_us: float, alphas, cycles: float,
+                     seed: int = 42) -> dict:
+    """The first-token delay of ``target`` at its runs' loads, or its nominal cycle without runs.
+
+    The cycle α0 carries is the one that minimises the squared relative TTFT error over the runs
+    as the steady state predicts them: each run's request-weighted mean cycle over its stages
+    (those the steady state does not saturate — a saturated stage's queue BLIS simulates, and
+    its TTFT the steady state cannot give; all of them if every one saturates), weighted by
+    1 / (the run's predicted TTFT)² (each run counts alike, as in a MAPE over runs). Returns
+    {``api_us``, ``cycle_us``, ``cycle_delay_us``, the parts of the first token's delay,
+    ``load``: how the load was chosen}."""
+    import jax.numpy as jnp
+
+    from roofcal.model.combine import step_breakdown
+    from roofcal.model.serving import first_token_parts, loads_of, run_state, step_grid
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.physics.steps import Step, batch_steps
+    gpu = load_gpu(coeffs.gpu)
+    spec = load_model(target.deployment.model)
+    tp = int(target.deployment.tp)
+    if not target.experiments:
+        t = step_breakdown(coeffs.params, spec, gpu, tp,
+                           batch_steps([Step(decode=(NOMINAL_CONTEXT,) * NOMINAL_DECODES)]))["total"]
+        cyc = float(np.asarray(t)[0])
+        return {"api_us": float(api_us), "cycle_us": cyc, "cycle_delay_us": cycles * cyc,
+                "load": f"nominal: a step of {NOMINAL_DECODES} decodes at {NOMINAL_CONTEXT} tokens"}
+    runs, left_out = [], 0
+    for e in target.experiments:
+        loads = loads_of(e, seed)
+        states = [run_state(coeffs.params, spec, gpu, tp, [ld], [step_grid(ld)], jnp.asarray(alphas, jnp.float32),
+                            cycles) for ld in loads]
+        free = [ld for ld, m in zip(loads, states) if float(m["running"]) < ld.max_seqs - 0.5]
+        left_out += len(loads) - len(free)
+        if free:
+            runs.append(first_token_parts(coeffs.params, spec, gpu, tp, free, alphas, cycles))
+    how = f"{len(runs)} run(s), their stages' steady state"
+    if not runs:                               # every stage saturates: take them all
+        runs = [first_token_parts(coeffs.params, spec, gpu, tp, loads_of(e, seed), alphas, cycles)
+                for e in target.experiments]
+        how += "; every stage saturates"
+    elif left_out:
+        how += f"; {left_out} saturated stage(s) left out"
+    w = np.array([1.0 / r["ttft_us"] ** 2 for r in runs])
+    w = w / w.sum()
+    parts = {k: float(np.dot(w, [r[k] for r in runs])) for k in runs[0]}
+    if len(runs) > 1:
+        how += ", weighted by 1/TTFT²"
+    return {**parts, "cycle_us": parts["step_us"], "cycle_delay_us": cycles * parts["step_us"], "load": how}
+
+
+def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]",
+                      defaults_path=resources.BLIS_DEFAULTS, hardware_config=resources.BLIS_HARDWARE,
+                      settings: BlisFitSettings | None = None, seed: int = 42) -> DeploymentExport:
+    """BLIS coefficients for one target (module docstring) — or, given several, one set they all
+    share: betas distilled over all their deployments, α0 from their cycles weighted by their
+    runs' requests (equally without runs). ``settings``: the distillation (its sampler follows the
+    targets' runs: their token budgets, max_num_seqs and context)."""
+    from roofcal.blis.distill import stack_alphas_calibrated
+    from roofcal.physics.hardware import load_gpu
+    targets = (targets,) if isinstance(targets, Target) else tuple(targets)
+    gpu = load_gpu(coeffs.gpu)
+    hw_name, hw = hardware_for_gpu(hardware_config, gpu, None)
+    alpha0, input_beta = read_defaults_coefficients(defaults_path)
+    validate_export_coeffs(alpha0, input_beta, f"{defaults_path}: trained_physics_coefficients")
+    settings = settings or BlisFitSettings()
+    exps = [e for t in targets for e in t.experiments]
+    for e in exps:
+        if e.server.gpu != gpu.name:
+            raise RoofcalError(f"{e.path}: run on GPU '{e.server.gpu}', but {coeffs.source} is for '{gpu.name}'")
+    if exps:
+        sampler = SamplerSettings(token_budgets=tuple(sorted({e.max_num_batched_tokens for e in exps})),
+                                  max_num_seqs=max(e.max_num_seqs for e in exps),
+                                  max_context=max((e.max_model_len or SamplerSettings().max_context) for e in exps))
+        settings = BlisFitSettings(seed=settings.seed, holdout=settings.holdout, samples=settings.samples,
+                                   iters=settings.iters, prior_rows=settings.prior_rows, sampler=sampler)
+    resolved = [resolve_deployment(t.deployment, hw) for t in targets]
+    steps, weights = [], []
+    for t in targets:
+        d, w = workload_steps(coeffs, t.experiments, t.deployment.model, t.deployment.tp, seed)
+        steps += d
+        weights += w
+    if steps:
+        settings = replace(settings, source_weights=SOURCE_WEIGHTS)
+    rows = build_rows(coeffs.params, gpu, resolved, settings, steps, hw, dataset_weights=weights)
+    fit = fit_blis([rows[k] for k in ("distill", "measured") if k in rows], input_beta, settings)
+    st = coeffs.stacks.get(coeffs.stack) if coeffs.stack is not None else None
+    first: dict = {}
+    if st is not None and stack_alphas_calibrated(st):
+        alphas = [float(st.alphas_us[n]) for n in ALPHAS]
+        how = "calibrated on serving runs" if str(st.source.get("kind", "")).startswith("workload") \
+            else "measured from request journeys"
+        cycles = stack_first_token_cycles(coeffs)
+        if cycles:
+            from roofcal.model.serving import blis_alpha0
+            parts = [deployment_cycle(coeffs, t, alphas[0], alphas, cycles, seed) for t in targets]
+            w = np.array([sum(e.num_requests for e in t.experiments) or 1 for t in targets], np.float64)
+            first = parts[0] if len(parts) == 1 else {
+                "api_us": alphas[0], "cycle_us": float(np.dot(w, [p["cycle_us"] for p in parts]) / w.sum()),
+                "load": "request-weighted over " + ", ".join(f"{t.stem} ({p['cycle_us']:.0f} us)"
+                                                             for t, p in zip(targets, parts))}
+            first["cycle_delay_us"] = cycles * first["cycle_us"]
+            whose = "this deployment's" if len(targets) == 1 else "the deployments' mean"
+            how += (f"; alpha0 = API {alphas[0]:.0f} us + {cycles:g} x {whose} cycle "
+                    f"{first['cycle_us']:.0f} us ({first['load']})")
+            alphas[0] = blis_alpha0(alphas[0], first["cycle_us"], cycles)
+        alpha, alpha_source = tuple(round_sig(a) for a in alphas), f"from serving stack '{coeffs.stack}' ({how})"
+    else:
+        alpha = tuple(float(a) for a in alpha0)
+        alpha_source = f"kept from {resources.display(Path(defaults_path))} (the stack has no request-level data)"
+    validate_export_coeffs(alpha, fit.beta, str(coeffs.source))
+    provenance = {"coeffs": coeffs.source, "stack": coeffs.stack, "runs": [e.name for e in exps],
+                  "rows": fit.n_rows, "fit": settings.record()}
+    return DeploymentExport(targets, hw_name, alpha, tuple(fit.beta), alpha_source, first, fit.metrics, provenance)
+
+
+def export_deployments(coeffs: Coefficients, targets: Sequence[Target], defaults_path=resources.BLIS_DEFAULTS,
+                       hardware_config=resources.BLIS_HARDWARE, settings: BlisFitSettings | None = None,
+                       seed: int = 42) -> list[DeploymentExport]:
+    """:func:`export_deployment` for every target on its own, in order."""
+    return [export_deployment(coeffs, t, defaults_path, hardware_config, settings, seed) for t in targets]
+
+
+def comment(ex: DeploymentExport, coeffs_path=None) -> str:
+    """The provenance line written above the coefficients of a deployment's ``defaults.yaml``."""
+    from roofcal import __version__
+    from roofcal.io import sha256_file
+    src = ""
+    if coeffs_path is not None and Path(coeffs_path).is_file():
+        src = f" of {resources.display(Path(coeffs_path))} (sha256 {sha256_file(coeffs_path)[:12]})"
+    d = ex.distill_mape()
+    deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
+    only = " only" if len(ex.targets) == 1 else ""
+    return (f"roofcal {__version__}: for {deps} on {ex.hardware}{only}{src};"
+            + (f" betas distilled for it (held-out {d:.1f}% vs the native model);" if d is not None else "")
+            + f" alphas {ex.alpha_source}")
+
+
+def defaults_paths(exports: Sequence[DeploymentExport], out_dir) -> list[Path]:
+    """``<out_dir>/<model>-tp<T>.yaml`` per export (refusing two deployments with one name)."""
+    paths = [Path(out_dir) / f"{'+'.join(t.stem for t in ex.targets)}.yaml" for ex in exports]
+    if len(set(paths)) != len(paths):
+        dup = next(p for p in paths if paths.count(p) > 1)
+        raise RoofcalError(f"{dup}: two deployments would write the same file")
+    return paths
+
+
+def write_defaults(exports: Sequence[DeploymentExport], defaults_path, out_dir,
+                   coeffs_path=None) -> list[Path]:
+    """Write one ``defaults.yaml`` per export into ``out_dir`` (:func:`defaults_paths`), all or
+    none; every other byte of ``defaults_path`` is kept."""
+    text = read_text_exact(Path(defaults_path), "BLIS defaults file")
+    paths = defaults_paths(exports, out_dir)
+    files = {}
+    for ex, p in zip(exports, paths):
+        new = replace_coefficients(text, ex.alpha, ex.beta, comment(ex, coeffs_path), str(defaults_path))
+        check_written(new, ex.alpha, ex.beta, str(p))
+        files[p] = new
+    write_files_atomic(files)
+    return paths
+
+
+def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | None = None) -> str:
+    """Which file (or flags) go with which ``blis`` command, one block per export."""
+    lines = []
+    for i, ex in enumerate(exports):
+        ft = ex.first_token
+        a0 = (f"alpha0 {ex.alpha[0]:,.0f} us = API {ft['api_us']:,.0f} + first-token cycle {ft['cycle_delay_us']:,.0f}"
+              if ft else f"alpha0 {ex.alpha[0]:,.0f} us")
+        d = ex.distill_mape()
+        deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
+        lines.append(f"{deps} on {ex.hardware}: {a0}"
+                     + (f"; betas held-out {d:.1f} % vs native" if d is not None else "")
+                     + (f"; load: {ft['load']}" if ft.get("load") else ""))
+        for t in ex.targets:
+            base = f"--model {t.blis_model} --tp {t.deployment.tp} --hardware {ex.hardware} --latency-model trained-physics"
+            if paths is not None:
+                lines.append(f"  blis run|replay {base} --defaults-filepath {paths[i]} ...")
+            lines.append(f"  or, with any defaults.yaml: blis run|replay {base} {ex.flags} ...")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Per-deployment export (roofcal.blis.deployments, ``roofcal export blis --out-dir``): one
+defaults.yaml per deployment — only its coefficient lines changed — with betas distilled for that
+deployment inside their physical bounds and α0 = the stack's API time + that deployment's own
+cycle at its runs' loads; the usage text says which file goes with which blis command; per-run
+files; a nominal load without runs; refusals before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from roofcal.blis.defaults_yaml import read_defaults_coefficients
+from roofcal.blis.fit import BETA_BOUNDS
+from roofcal.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = ROOT / "data" / "blis" / "defaults.yaml"
+COEFFS = ROOT / "coeffs" / "h100_sxm.yaml"
+RUNS = ROOT.parent / "shared" / "workload" / "default_args"
+SEVEN_B = RUNS / "20260217-155451-llama-2-7b-tp1-codegen"
+SEVENTY_B = RUNS / "20260217-203421-llama-2-70b-hf-tp4-codegen"
+needs_runs = pytest.mark.skipif(not RUNS.is_dir(), reason="experiments not found (../shared beside the project)")
+
+
+def _changed_lines(a: Path, b: Path) -> list[int]:
+    la, lb = a.read_text().splitlines(), b.read_text().splitlines()
+    assert len(la) == len(lb)
+    return [i for i, (x, y) in enumerate(zip(la, lb)) if x != y]
+
+
+@needs_runs
+def test_one_file_per_deployment_with_its_own_alpha0(tmp_path, capsys):
+    out = tmp_path / "blis"
+    code = main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),
+                 "--for", str(SEVEN_B), str(SEVENTY_B), "--samples", "200"])
+    assert code == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["llama-2-70b-hf-tp4.yaml", "llama-2-7b-hf-tp1.yaml"]
+    text = capsys.readouterr().out
+    for f in files:
+        assert f"--defaults-filepath {out / f}" in text
+        changed = _changed_lines(DEFAULTS, out / f)                # only the two coefficient lines
+        assert len(changed) == 2
+    assert "--model meta-llama/llama-2-7b-hf --tp 1 --hardware H100" in text
+    a7, b7 = read_defaults_coefficients(out / "llama-2-7b-hf-tp1.yaml")
+    a70, b70 = read_defaults_coefficients(out / "llama-2-70b-hf-tp4.yaml")
+    # both carry the stack's API time; each adds one cycle of its own deployment: 70B's is longer
+    from roofcal.model import coeffs as C
+    c = C.load(COEFFS)
+    api = c.stacks[c.stack].alphas_us["queueing_us"]
+    assert a7[0] > api and a70[0] - api > 1.5 * (a7[0] - api)
+    assert a7[1:] == a70[1:]
+    for beta in (b7, b70):
+        for v, (lo, hi) in zip(beta, BETA_BOUNDS):
+            assert lo <= v <= hi
+    assert b7 != b70
+    assert "alpha0 = API" in (out / "llama-2-7b-hf-tp1.yaml").read_text()
+
+
+@needs_runs
+def test_per_run_files(tmp_path):
+    out = tmp_path / "runs"
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),
+                 "--for", str(SEVEN_B), "--per-run", "--samples", "100"]) == 0
+    assert [p.name for p in out.iterdir()] == [f"{SEVEN_B.name}.yaml"]
+
+
+def test_nominal_load_without_runs(tmp_path, capsys):
+    out = tmp_path / "nominal"
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),
+                 "--model", "llama-3.1-8b-instruct:1,2", "--samples", "100"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["llama-3.1-8b-instruct-tp1.yaml", "llama-3.1-8b-instruct-tp2.yaml"]
+    assert "nominal: a step of 32 decodes at 1024 tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--per-run", "--model", "llama-2-7b-hf:1"], "--per-run needs the runs"),
+    (["--out", "x.yaml"], "drop --out"),
+    (["--hardware", "H100", "--model", "llama-2-7b-hf:1"], "drop --hardware"),
+])
+def test_refusals_before_any_work(tmp_path, capsys, extra, message):
+    code = main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir",
+                 str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_for_without_out_dir_and_an_out_dir_that_is_a_file(tmp_path, capsys):
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out", str(tmp_path / "x"),
+                 "--for", str(SEVEN_B)]) == 2
+    assert "--for and --per-run go with --out-dir" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir",
+                 str(tmp_path / "file"), "--model", "llama-2-7b-hf:1"]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
