@@ -31,7 +31,8 @@ from roofcal.model import correction as K
 from roofcal.model import intervals as IV
 from roofcal.model.coeffs import Coefficients, Stack, add_stack, roundtrip, with_stack
 from roofcal.physics.hardware import GPUSpec
-from roofcal.calibration.loss import error_summary, log_ratio_sq, prior_penalty
+from roofcal.calibration.loss import prior_penalty
+from roofcal.metrics import error_summary, log_ratio_sq, split_groups
 from roofcal.model.combine import NON_COMPONENT, overhead_counts, step_breakdown
 from roofcal.physics.kernels import groups
 from roofcal.model.predict import predict_table, row_times
@@ -115,15 +116,6 @@ def split_rows(labels: np.ndarray, holdout: float, seed: int) -> np.ndarray:
     return test
 
 
-def split_groups(groups_: np.ndarray, holdout: float, seed: int) -> np.ndarray:
-    """Boolean test mask holding out whole groups (e.g. step configurations), seeded."""
-    rng = np.random.default_rng(seed)
-    uniq = np.array(sorted(set(groups_.tolist())))
-    k = int(round(holdout * len(uniq)))
-    chosen = set(rng.choice(uniq, size=k, replace=False).tolist()) if k else set()
-    return np.array([g in chosen for g in groups_])
-
-
 # --------------------------------------------------------------------------------------------
 # stage 1: kernels
 
@@ -180,30 +172,40 @@ def init_op_params(d: KernelData, degree: int) -> dict:
         frac = float(np.median(mine[sel] / y[sel])) if sel.any() else 0.5
         p[name] = p[name].at[0].set(K.logit(min(max(frac, 0.02), 0.95)))
     p["latency"] = jnp.asarray(math.log(0.5 * float(y[keep].min())), jnp.float32)
-    p["sharpness"] = jnp.asarray(K.softplus_inv(2.0), jnp.float32)
+    p["sharpness"] = jnp.asarray(K.softplus_inv(_sharpness(d.kind)[0] - 1.0), jnp.float32)
     p["lo"], p["hi"] = jnp.asarray(d.lo, jnp.float32), jnp.asarray(d.hi, jnp.float32)
     return p
 
 
-def prior_strengths(p: dict, settings: FitSettings, n: float) -> dict:
+def _sharpness(kind: str) -> tuple[float, float | None]:
+    """(prior centre of the soft-max sharpness q, pseudo-rows holding it or None: the weak
+    default) of a kernel kind (:attr:`roofcal.model.correction.OpKind.sharpness`)."""
+    fixed = K.OP_KINDS[kind].sharpness
+    return fixed if fixed is not None else (3.0, None)
+
+
+def prior_strengths(p: dict, settings: FitSettings, n: float, kind: str | None = None) -> dict:
     """Per-leaf κ/N weights: surface terms get ``prior_terms``, intercepts and scalars
-    ``prior_scalars``; clamp bounds none."""
+    ``prior_scalars`` (the sharpness its kind's own pseudo-rows where it fixes it); clamp
+    bounds none."""
     def surf(w):
         s = jnp.full(w.shape, settings.prior_terms / n)
         return s.at[0].set(settings.prior_scalars / n)
+    q_rows = _sharpness(kind)[1] if kind is not None else None
     return {"eff_c": surf(p["eff_c"]), "eff_m": surf(p["eff_m"]),
             "latency": jnp.asarray(settings.prior_scalars / n),
-            "sharpness": jnp.asarray(settings.prior_scalars / n),
+            "sharpness": jnp.asarray((q_rows if q_rows is not None else settings.prior_scalars) / n),
             "lo": jnp.zeros_like(p["lo"]), "hi": jnp.zeros_like(p["hi"])}
 
 
 def default_prior(kind: str, degree: int, d: KernelData) -> dict:
-    """Physical prior: 60% of peak on both resources, flat surface, 3 µs latency, q = 3."""
+    """Physical prior: 60% of peak on both resources, flat surface, 3 µs latency, q = 3 (or the
+    kind's own, :func:`_sharpness`)."""
     p = K.neutral_op_params(kind, degree)
     for name in ("eff_c", "eff_m"):
         p[name] = p[name].at[0].set(K.logit(0.6))
     p["latency"] = jnp.asarray(math.log(3.0), jnp.float32)
-    p["sharpness"] = jnp.asarray(K.softplus_inv(2.0), jnp.float32)
+    p["sharpness"] = jnp.asarray(K.softplus_inv(_sharpness(kind)[0] - 1.0), jnp.float32)
     p["lo"], p["hi"] = jnp.asarray(d.lo, jnp.float32), jnp.asarray(d.hi, jnp.float32)
     return p
 
@@ -229,7 +231,7 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     the training objective. One compiled program serves every stage (terms are masked).
     """
     n = float(np.asarray(d.train).sum())
-    strength = prior_strengths(center, settings, max(n, 1.0))
+    strength = prior_strengths(center, settings, max(n, 1.0), d.kind)
     p = {**init, "lo": center["lo"], "hi": center["hi"]} if init is not None \
         else init_op_params(d, settings.degree_of(d.kind))
     k = K.OP_KINDS[d.kind]
