@@ -18,17 +18,34 @@ from typing import Iterator
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it to ``path``, else delete it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
+    tmp = _temp_beside(path)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_umask())           # mkstemp makes 0600; give a normal file's mode
         os.replace(tmp, path)
+    except OSError as err:                          # name the file the user asked for, not the temporary
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _temp_beside(path: Path) -> Path:
+    """An empty temporary file in ``path``'s folder (made if missing); OS errors name ``path``."""
+    if path.is_dir():
+        raise IsADirectoryError(21, "Is a directory", str(path))
+    for up in path.parents:
+        if up.exists():
+            if not up.is_dir():
+                raise NotADirectoryError(20, f"{up} is not a folder", str(path))
+            break
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+    os.close(fd)
+    return Path(tmp)
 
 
 def _umask() -> int:
@@ -37,26 +54,35 @@ def _umask() -> int:
     return mask
 
 
-def check_output(path: str | os.PathLike, what: str = "output file") -> Path:
-    """Refuse, before any work, an output file that cannot be written: a directory, a path under
-    a file, or a folder without write permission (the nearest existing ancestor must be a
-    writable folder). Returns the path."""
+def _nearest_folder(path: Path, what: str) -> Path:
+    """The nearest existing ancestor of ``path``, which must be a folder a file can be made in:
+    tried by making (and removing) an empty temporary file there — ``os.access`` says yes to
+    root even where nothing can be made (``/proc``, a read-only mount)."""
     from roofcal.errors import RoofcalError
-    path = Path(path)
-    if path.is_dir():
-        raise RoofcalError(f"{path}: is a directory, not a file ({what})")
-    parent = path.parent if str(path.parent) else Path(".")
-    probe = parent
+    probe = path.parent if str(path.parent) else Path(".")
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if not probe.is_dir():
         raise RoofcalError(f"{path}: cannot write the {what}: {probe} is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise RoofcalError(f"{path}: cannot write the {what}: no permission to write in {probe}")
-    if path.exists() and not os.access(path, os.W_OK) and not os.access(parent, os.W_OK):
-        raise RoofcalError(f"{path}: cannot write the {what}: no permission")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".roofcal-probe-", dir=probe)
+    except OSError as err:
+        raise RoofcalError(f"{path}: cannot write the {what} in {probe}: {err.strerror or err}") from None
+    os.close(fd)
+    os.unlink(tmp)
+    return probe
+
+
+def check_output(path: str | os.PathLike, what: str = "output file") -> Path:
+    """Refuse, before any work, an output file that cannot be written: a folder, a path under a
+    file, or a place where no file can be made (:func:`_nearest_folder`). Returns the path."""
+    from roofcal.errors import RoofcalError
+    path = Path(path)
+    if path.is_dir():
+        raise RoofcalError(f"{path}: is a folder, not a file ({what})")
+    _nearest_folder(path, what)
     return path
 
 
@@ -66,15 +92,10 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Pa
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RoofcalError(f"{path}: exists and is not a folder ({what})")
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir():
-        raise RoofcalError(f"{path}: cannot make the {what}: {probe} is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise RoofcalError(f"{path}: cannot write the {what}: no permission to write in {probe}")
+    if path.is_dir():
+        _nearest_folder(path / "x", what)
+    else:
+        _nearest_folder(path, what)
     return path
 
 
@@ -104,15 +125,16 @@ def write_files_atomic(files: dict) -> None:
     try:
         for path, data in files.items():
             path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
-            staged.append((Path(tmp), path))
-            if isinstance(data, str):
-                Path(tmp).write_text(data, encoding="utf-8", newline="\n")
-            else:
-                Path(tmp).write_bytes(data)
-            os.chmod(tmp, 0o666 & ~_umask())
+            tmp = _temp_beside(path)
+            staged.append((tmp, path))
+            try:
+                if isinstance(data, str):
+                    tmp.write_text(data, encoding="utf-8", newline="\n")
+                else:
+                    tmp.write_bytes(data)
+                os.chmod(tmp, 0o666 & ~_umask())
+            except OSError as err:
+                raise OSError(err.errno, err.strerror or str(err), str(path)) from None
         try:
             for tmp, path in staged:
                 os.replace(tmp, path)
@@ -142,9 +164,14 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def csv_text(df) -> str:
+    """A DataFrame as roofcal writes every CSV: no index, floats with 10 significant digits."""
+    return df.to_csv(index=False, float_format="%.10g", lineterminator="\n")
+
+
 def write_csv_atomic(df, path: str | os.PathLike) -> None:
-    """Write a DataFrame as CSV atomically, floats with 10 significant digits (stable bytes)."""
-    write_text_atomic(path, df.to_csv(index=False, float_format="%.10g", lineterminator="\n"))
+    """Write a DataFrame as CSV atomically (:func:`csv_text`: stable bytes)."""
+    write_text_atomic(path, csv_text(df))
 
 
 def read_yaml(path: str | os.PathLike, what: str = "file"):

@@ -22,6 +22,17 @@ BLIS_HARDWARE = BLIS / "hardware_config.json"
 HARDWARE = Path(__file__).resolve().parent / "physics" / "hardware"
 
 
+#: searched after the bundled model configs, relative to the current directory, when it exists
+#: (the serving runs' configs beside the project)
+SHARED_MODEL_CONFIGS = Path("..") / "shared" / "workload" / "model_configs"
+
+
+def default_model_configs() -> list[Path]:
+    """Folders searched for ``<model>/config.json`` by default: the project's ``model_configs/``,
+    then :data:`SHARED_MODEL_CONFIGS` if it exists."""
+    return [MODEL_CONFIGS] + ([SHARED_MODEL_CONFIGS] if SHARED_MODEL_CONFIGS.is_dir() else [])
+
+
 def display(path: Path) -> str:
     """``path`` relative to the source tree when it lies inside it (stable in files we write)."""
     path = Path(path).resolve()

@@ -76,7 +76,7 @@ def first_token_evidence(v, exports, exps) -> tuple[list[dict], tuple[float, flo
 def main(argv=None) -> None:
     from roofcal import resources
     from roofcal.blis.run import BlisSettings, find_blis
-    from roofcal.cli.workload import default_model_configs
+    from roofcal.resources import default_model_configs
     from roofcal.measurements.workload import read_experiments
     from roofcal.tables import table
 

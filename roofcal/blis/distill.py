@@ -41,11 +41,17 @@ def _coeff_step_data(c) -> tuple[list, list]:
     note (it is only scored)."""
     from roofcal.measurements import datasets
 
+    from roofcal.model.coeffs import stack_fitted_on
     recorded = c.fit.get("deployments")
     only = recorded[0] if isinstance(recorded, list) and len(recorded) == 1 and isinstance(recorded[0], dict) else {}
     steps, notes = [], []
     for rec in c.data:
         if not isinstance(rec, dict) or not str(rec.get("kind", "")).startswith("steps"):
+            continue
+        own = stack_fitted_on(c, rec.get("sha256"))
+        if own is not None and own != c.stack:
+            notes.append(f"{rec.get('path')}: not scored — its steps belong to serving stack '{own}', "
+                         f"the export is of '{c.stack or 'none'}'")
             continue
         path = Path(rec.get("path", ""))
         path = path if path.is_absolute() else resources.ROOT / path
@@ -57,7 +63,8 @@ def _coeff_step_data(c) -> tuple[list, list]:
         except RoofcalError as err:
             notes.append(f"{rec.get('path')}: not scored ({err})")
             continue
-        notes.append(f"{rec.get('path')}: scored (held-out configurations as in the coefficient fit)")
+        notes.append(f"{rec.get('path')}: scored with serving stack '{c.stack or 'none'}' (held-out "
+                     "configurations as in the coefficient fit)")
     return steps, notes
 
 

@@ -47,10 +47,12 @@ def _deployments(a):
 def _settings(a):
     from roofcal.blis.fit import BlisFitSettings
 
-    if a.samples < 0:
-        raise RoofcalError(f"--samples must be ≥ 0, got {a.samples}")
+    if not 0 <= a.samples <= 1_000_000:
+        raise RoofcalError(f"--samples must be in 0 … 1,000,000, got {a.samples}")
     if not 0.0 <= a.holdout < 1.0:
         raise RoofcalError(f"--holdout must be in [0, 1), got {a.holdout}")
+    if a.iters < 1:
+        raise RoofcalError(f"--iters must be ≥ 1, got {a.iters}")
     return BlisFitSettings(seed=a.seed, holdout=a.holdout, samples=a.samples, iters=a.iters)
 
 
@@ -152,7 +154,7 @@ def _export_per_deployment(a, t0) -> None:
     c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
     if a.experiments:
         from roofcal.calibration.workload import export_targets
-        from roofcal.cli.workload import default_model_configs
+        from roofcal.resources import default_model_configs
         from roofcal.measurements.workload import read_experiments
         if _deployments(a):
             raise RoofcalError("export blis: give the deployments either by --for EXP or by --model/--tp, not both")
@@ -241,7 +243,7 @@ def register(sub) -> None:
                    help="BLIS defaults.yaml: alphas kept, betas centre the prior (default: bundled)")
     _fit_options(s)
     s.add_argument("--out", required=True, help="BLIS-form file to write")
-    s.set_defaults(func=cmd_fit)
+    s.set_defaults(func=cmd_fit, outputs=[("out", "file", "BLIS-form file (--out)")])
 
     export = sub.add_parser("export", help="export coefficients for other simulators") \
         .add_subparsers(dest="export_command", required=True)
@@ -266,7 +268,8 @@ def register(sub) -> None:
     s.add_argument("--replay-seed", dest="seed_replay", type=int, default=42,
                    help="with --for: seed of the runs' rebuilt schedules (default 42, as workload validate)")
     _fit_options(s)
-    s.set_defaults(func=cmd_export_blis)
+    s.set_defaults(func=cmd_export_blis, outputs=[("out", "file", "defaults file (--out)"),
+                                                  ("out_dir", "dir", "folder of defaults files (--out-dir)")])
 
     s = export.add_parser("hardware", help="write a BLIS hardware_config.json entry for a GPU")
     s.add_argument("--gpu", required=True, help="roofcal GPU name, alias or datasheet path")
@@ -274,4 +277,5 @@ def register(sub) -> None:
     s.add_argument("--into", help="hardware_config.json to merge into (written in place with a backup unless --out)")
     s.add_argument("--out", help="file to write (default: --into; neither: print the JSON)")
     s.add_argument("--name", help="entry name (default: the BLIS name aliasing the GPU, e.g. H100)")
-    s.set_defaults(func=cmd_export_hardware)
+    s.set_defaults(func=cmd_export_hardware, outputs=[("out", "file", "hardware config (--out)"),
+                                                      ("into", "file", "hardware config (--into)")])

@@ -16,7 +16,13 @@ def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_mem
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     from roofcal.tables import table
+    from roofcal.errors import RoofcalError
+    from roofcal.model.domain import context_limit
     spec, g = load_model(model), load_gpu(gpu)
+    limit = context_limit(spec)
+    if limit and context > limit:
+        raise RoofcalError(f"--context {context:,} exceeds {spec.name}'s limit of {limit:,} tokens "
+                           "(max_position_embeddings): vLLM refuses such sequences")
     cap = capacity(spec, g, tp, kv_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
                    block_size=block_size, weight_dtype=weight_dtype,
                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
@@ -26,7 +32,12 @@ def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_mem
            "KV GiB/GPU": cap.kv_blocks * cap.block_size * cap.kv_bytes_per_token_per_gpu / GIB,
            f"KV blocks ({cap.block_size} tok)": cap.kv_blocks, "KV tokens": cap.kv_tokens,
            f"max seqs @ {context}": max_batch(cap, context)}
-    lines = [table([row], list(row)), "", "assumed:"]
+    lines = [table([row], list(row))]
+    need = -(-context // cap.block_size)
+    if row[f"max seqs @ {context}"] == 0:
+        lines.append(f"note: one sequence of {context:,} tokens needs {need:,} KV blocks; the cache holds "
+                     f"{cap.kv_blocks:,} ({cap.kv_tokens:,} tokens)")
+    lines += ["", "assumed:"]
     lines += [f"  - {n}" for n in cap.notes]
     return "\n".join(lines)
 

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 
+#: where ``roofcal fit`` writes by default (relative to the current folder): a user's results,
+#: not the shipped, tested files in ``coeffs/`` (write those with ``--out coeffs/<gpu>.yaml``)
+DEFAULT_OUT = "out"
+
+
 def cmd_fit(a) -> None:
+    import sys
     import time
+    from pathlib import Path
     from roofcal.errors import RoofcalError
     from roofcal.model import coeffs as coeff_io
     from roofcal.measurements import datasets
@@ -12,14 +19,21 @@ def cmd_fit(a) -> None:
     from roofcal.calibration.fit import FEW_SHOT_KAPPA, FitSettings, fit
     from roofcal.physics.hardware import load_gpu
     from roofcal.tables import metrics_table
+    import math
+    from roofcal.io import check_output
+    if not (0.0 <= a.holdout < 1.0):
+        raise RoofcalError(f"--holdout must be in [0, 1), got {a.holdout}")
+    if a.prior_weight is not None and not (math.isfinite(a.prior_weight) and a.prior_weight >= 0):
+        raise RoofcalError(f"--prior-weight must be a finite number ≥ 0, got {a.prior_weight}")
     t0 = time.time()
     gpu = load_gpu(a.gpu)
+    check_output(Path(a.out) if a.out else Path(DEFAULT_OUT) / f"{gpu.name}.yaml", "coefficient file (--out)")
     paths = a.data or datasets.bundled_paths(gpu.name)
     prior = coeff_io.load(a.prior, gpu) if a.prior else None
     m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)
     kappa = a.prior_weight if a.prior_weight is not None else (FEW_SHOT_KAPPA if a.prior else None)
     weight = {} if kappa is None else {"prior_terms": kappa, "prior_scalars": kappa}
-    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet,
+    settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet and sys.stderr.isatty(),
                            step_target=a.step_target, **weight)
     if (a.requests or a.context) and not m.steps:
         raise RoofcalError("--requests: measured alphas need whole steps in --data (a step JSONL of "
@@ -30,7 +44,7 @@ def cmd_fit(a) -> None:
     print(f"fitting {gpu.name}: {n_ops} per-op rows, {sum(len(d) for d in m.steps)} steps "
           f"from {len(m.provenance)} files", flush=True)
     result = fit(gpu, m.ops, m.steps, settings, prior=prior, provenance=m.provenance)
-    out = a.out or resources.COEFFS / f"{gpu.name}.yaml"
+    out = Path(a.out) if a.out else Path(DEFAULT_OUT) / f"{gpu.name}.yaml"
     c = result.coeffs
     if a.requests:
         from roofcal.calibration.alphas import alphas_from_files, with_alphas
@@ -45,12 +59,17 @@ def cmd_fit(a) -> None:
         if ":" not in spec:
             raise RoofcalError(f"--stack-from {spec}: give FILE:NAME (a stack of another coefficient file)")
         c = coeff_io.resolve_stack(c, spec)
-    from pathlib import Path
-    if Path(out).is_file() and not a.no_carry:
+    # the stacks a kernel fit does not produce (calibrated on serving runs, borrowed) are kept from
+    # the file it replaces, or — writing a new file — from the shipped one of this GPU
+    shipped = resources.COEFFS / f"{gpu.name}.yaml"
+    carry_from = out if out.is_file() else (shipped if shipped.is_file() and not a.data else None)
+    if carry_from is not None and not a.no_carry:
         try:
-            c = coeff_io.carry_stacks(c, coeff_io.load(out))
+            c = coeff_io.carry_stacks(c, coeff_io.load(carry_from))
+            if carry_from != out:
+                print(f"serving stacks not fitted here are carried from {resources.display(carry_from)}")
         except RoofcalError as err:
-            print(f"note: serving stacks of {out} not carried over ({err})")
+            print(f"note: serving stacks of {carry_from} not carried over ({err})")
     for name, st in c.stacks.items():
         kind = st.source.get("kind", "")
         print(f"serving stack '{name}'{' (default)' if name == c.stack else ''}: {kind}"
@@ -73,7 +92,8 @@ def register(sub) -> None:
     s.add_argument("--prior-weight", type=float, help="strength of the priors in pseudo-rows "
                    "(default 1 with --prior, best on the A100 learning curve; "
                    "else 0.01: the data decides)")
-    s.add_argument("--out", help="coefficient file to write (default coeffs/<gpu>.yaml)")
+    s.add_argument("--out", help=f"coefficient file to write (default {DEFAULT_OUT}/<gpu>.yaml; the shipped files "
+                   "are coeffs/<gpu>.yaml)")
     s.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
     s.add_argument("--holdout", type=float, default=0.2, help="held-out fraction (default 0.2)")
     s.add_argument("--stack-from", action="append", metavar="FILE:NAME",
@@ -95,4 +115,4 @@ def register(sub) -> None:
     s.add_argument("--context", nargs="+", metavar="CSV",
                    help="their step-context tables (cycle times), for the per-output-token alpha")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
-    s.set_defaults(func=cmd_fit)
+    s.set_defaults(func=cmd_fit, outputs=[("out", "file", "coefficient file (--out)")])

@@ -144,7 +144,7 @@ def register(sub) -> None:
                    help=f"how efficiency surfaces transfer (default {DEFAULT_RULE}; see "
                         f"roofcal/transfer/bootstrap.py)")
     s.add_argument("--out", required=True, help="coefficient file to write")
-    s.set_defaults(func=cmd_gpu_bootstrap)
+    s.set_defaults(func=cmd_gpu_bootstrap, outputs=[("out", "file", "coefficient file (--out)")])
     from roofcal.resources import TRANSFER_BANDS
     s = gs.add_parser("transfer-bands", help="measure the zero-shot error bands bootstraps carry "
                                              "(H100 <-> A100 fits on the bundled per-op rows)")
@@ -152,7 +152,7 @@ def register(sub) -> None:
     s.add_argument("--a100", help="A100 coefficient file (default coeffs/a100_sxm.yaml)")
     s.add_argument("--out", default=str(TRANSFER_BANDS),
                    help="file to write (default the shipped one, coeffs/transfer_bands.yaml)")
-    s.set_defaults(func=cmd_gpu_transfer_bands)
+    s.set_defaults(func=cmd_gpu_transfer_bands, outputs=[("out", "file", "bands file (--out)")])
 
     s = sub.add_parser("whatif", help="step times on a changed datasheet, and sensitivities")
     s.add_argument("--steps", required=True, help="step JSONL file")
@@ -167,5 +167,5 @@ def register(sub) -> None:
     s.add_argument("--fixed-efficiency", action="store_true",
                    help="keep efficiency surfaces fixed in shape whatever changes")
     s.add_argument("--out", help="per-step CSV (before, after, elasticities)")
-    s.set_defaults(func=cmd_whatif)
+    s.set_defaults(func=cmd_whatif, outputs=[("out", "file", "what-if CSV (--out)")])
 

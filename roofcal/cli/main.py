@@ -1,7 +1,7 @@
 """The ``roofcal`` command line: every command is a thin wrapper over a documented function.
 
-Errors in the input print one line, ``roofcal: error: …``, and exit with status 2; nothing is
-written. A check that runs but fails (``roofcal blis check``) exits with status 1.
+Errors in the input, and files that cannot be read or written, print one line, ``roofcal:
+error: …``, and exit with status 2; nothing is written. A check that runs but fails (``roofcal blis check``) exits with status 1.
 """
 
 from __future__ import annotations
@@ -58,14 +58,46 @@ def _register_plugins(sub) -> None:
         importlib.import_module(name).register(sub)
 
 
+def os_error_line(e: OSError) -> str:
+    """``<file>: <reason>`` of an OS error (both files for a rename), on one line."""
+    where = e.filename if e.filename is not None else ""
+    if getattr(e, "filename2", None):
+        where = f"{where} -> {e.filename2}"
+    what = e.strerror or str(e)
+    return f"{where}: {what}" if where else what
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work, every output a command declared (``set_defaults(outputs=[(dest,
+    "file" | "dir", what)])``) that cannot be written, and two outputs that are one file."""
+    from pathlib import Path
+
+    from roofcal.io import check_output, check_output_dir
+    seen: dict = {}
+    for dest, kind, what in getattr(args, "outputs", ()):
+        value = getattr(args, dest, None)
+        if not value:
+            continue
+        path = Path(value)
+        (check_output_dir if kind == "dir" else check_output)(path, what)
+        key = path.resolve()
+        if key in seen:
+            raise RoofcalError(f"{path}: given as both the {seen[key]} and the {what}")
+        seen[key] = what
+
+
 def main(argv=None) -> int:
     enable_compilation_cache()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_outputs(args)
         code = args.func(args)             # a handler may return a non-zero exit status
     except RoofcalError as e:
         print(f"roofcal: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:                   # a file that cannot be read or written: one line, no traceback
+        print(f"roofcal: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("roofcal: interrupted", file=sys.stderr)

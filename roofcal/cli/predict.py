@@ -41,5 +41,5 @@ def register(sub) -> None:
                    help="serving stack for whole steps: a stack of the coefficient file (default: "
                         "the file's own), 'none' for kernels only, or FILE:NAME to borrow one")
     s.add_argument("--out", required=True, help="output CSV")
-    s.set_defaults(func=cmd_predict)
+    s.set_defaults(func=cmd_predict, outputs=[("out", "file", "prediction CSV (--out)")])
 

@@ -7,10 +7,16 @@ from __future__ import annotations
 def cmd_residuals(a) -> None:
     import time
     from roofcal.inspection.report import residuals, terminal_text
+    from roofcal.errors import RoofcalError
+    for name in ("worst", "top"):
+        if getattr(a, name) < 0:
+            raise RoofcalError(f"--{name} must be ≥ 0, got {getattr(a, name)}")
     t0 = time.time()
     data = a.data if a.data else None
     res = residuals(a.coeffs, data, a.out, gpu=a.gpu, model=a.model, tp=a.tp, blis=a.blis,
-                    plots=not a.no_plots, worst=a.worst, top=a.top)
+                    plots=not a.no_plots, worst=a.worst, top=a.top, stack=a.stack)
+    for n in res.notes:
+        print(f"note: {n}")
     print(terminal_text(res.summary))
     print(f"wrote {len(res.files)} files to {a.out} in {time.time() - t0:.1f} s")
 
@@ -30,6 +36,10 @@ def register(sub) -> None:
                    help="measurement files or folders (per-op tables, splitwise CSV, step JSONL), "
                         "or 'bundled' (default: the bundled data of the GPU)")
     s.add_argument("--gpu", help="GPU of the measurements (default: the coefficient file's)")
+    s.add_argument("--stack", metavar="NAME",
+                   help="serving stack that scores the measured steps: a stack of the file, 'none', or "
+                        "FILE:NAME (default: each step file's own — the stack fitted on it — else the "
+                        "file's default)")
     s.add_argument("--model", help="model of step JSONL rows without one; keeps only its steps")
     s.add_argument("--tp", type=int, help="TP of step JSONL rows without one; keeps only its steps")
     s.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
@@ -37,4 +47,4 @@ def register(sub) -> None:
     s.add_argument("--top", type=int, default=12,
                    help="attribution lines per kind of row (default 12)")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
-    s.set_defaults(func=cmd_residuals)
+    s.set_defaults(func=cmd_residuals, outputs=[("out", "dir", "report folder (--out)")])

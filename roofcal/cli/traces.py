@@ -35,23 +35,36 @@ def cmd_read(a) -> None:
         raise RoofcalError(f"--warmup-steps must be ≥ 0, got {a.warmup_steps}")
     if a.max_preempted < 1:
         raise RoofcalError(f"--max-preempted must be ≥ 1, got {a.max_preempted}")
+    from roofcal.io import check_output
+    context = Path(a.out_context) if a.out_context else default_context_path(a.out_steps)
+    outs = [(Path(a.out_steps), "steps JSONL (--out-steps)"), (context, "context CSV (--out-context)")]
+    if a.out_requests:
+        outs.append((Path(a.out_requests), "requests CSV (--out-requests)"))
+    for path, what in outs:                      # every output checked before any reading
+        check_output(path, what)
+    resolved = [p.resolve() for p, _ in outs]
+    if len(set(resolved)) != len(resolved):
+        raise RoofcalError(f"{outs[0][0]}: two outputs would be the same file (--out-steps, --out-context, "
+                           "--out-requests)")
+    inputs = {Path(p).resolve() for p in a.traces}
+    for path, what in outs:
+        if path.resolve() in inputs:
+            raise RoofcalError(f"{path}: the {what} would overwrite an input trace")
     total = 0
     for p in a.traces:
+        if Path(p).is_dir():
+            raise RoofcalError(f"{p}: is a directory, not a trace file")
         try:
             total += Path(p).stat().st_size
         except OSError:
             raise RoofcalError(f"{p}: no such trace file") from None
     with tqdm(total=total, unit="B", unit_scale=True, desc="traces", file=sys.stderr,
-              disable=a.quiet, mininterval=0.5) as bar:
+              disable=a.quiet or not sys.stderr.isatty(), mininterval=0.5) as bar:
         data = tr.read_traces(a.traces, a.warmup_steps, a.max_preempted, progress=bar.update)
-    n = tr.write_steps_jsonl(data, a.out_steps)
-    context = Path(a.out_context) if a.out_context else default_context_path(a.out_steps)
-    tr.write_step_context_csv(data, context)
+    n = tr.write_outputs(data, a.out_steps, context, a.out_requests)
     print(data.summary.text())
-    print(f"wrote {a.out_steps} ({n} steps), {context} ({len(data.steps)} steps)")
-    if a.out_requests:
-        tr.write_requests_csv(data, a.out_requests)
-        print(f"wrote {a.out_requests} ({len(data.requests)} requests)")
+    print(f"wrote {a.out_steps} ({n} steps), {context} ({len(data.steps)} steps)"
+          + (f", {a.out_requests} ({len(data.requests)} requests)" if a.out_requests else ""))
 
 
 def register(sub) -> None:

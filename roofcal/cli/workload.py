@@ -21,19 +21,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: searched after the bundled model configs, relative to the current directory, when it exists
-SHARED_MODEL_CONFIGS = Path("..") / "shared" / "workload" / "model_configs"
+from roofcal.resources import SHARED_MODEL_CONFIGS, default_model_configs  # noqa: F401  (re-exported)
 #: how ``--coeffs`` is exported for BLIS (roofcal.calibration.workload.EXPORTS, without importing JAX)
 EXPORTS = ("per-deployment", "per-run", "global")
 EXPORT_HELP = ("per-deployment: one defaults.yaml per deployment, its betas distilled for it and alpha0 from "
                "its own first-token delay at its runs' loads (default); per-run: one per run (the deployment "
                "at that run's load); global: one defaults.yaml for all")
-
-
-def default_model_configs() -> list[Path]:
-    """The project's ``model_configs/``, then :data:`SHARED_MODEL_CONFIGS` if it exists."""
-    from roofcal.resources import MODEL_CONFIGS
-    return [MODEL_CONFIGS] + ([SHARED_MODEL_CONFIGS] if SHARED_MODEL_CONFIGS.is_dir() else [])
 
 
 def settings_from_args(a, need_blis: bool = True):
@@ -45,6 +38,16 @@ def settings_from_args(a, need_blis: bool = True):
 
     if a.workers < 1:
         raise RoofcalError(f"--workers must be ≥ 1, got {a.workers}")
+    for name in ("samples", "refreshes"):
+        v = getattr(a, name, None)
+        if v is not None and not 1 <= v <= (1_000_000 if name == "samples" else 100):
+            raise RoofcalError(f"--{name} must be in 1 … {1_000_000 if name == 'samples' else 100}, got {v}")
+    c = getattr(a, "first_token_cycles", None)
+    if c is not None and not (0.0 <= c <= 10.0):
+        raise RoofcalError(f"--first-token-cycles must be in [0, 10], got {c}")
+    for folder in a.model_configs or ():
+        if not Path(folder).is_dir():
+            raise RoofcalError(f"{folder}: no such model-config folder (--model-configs)")
     if not a.timeout > 0:
         raise RoofcalError(f"--timeout must be positive, got {a.timeout}")
     for path, what in ((a.defaults, "BLIS defaults file (--defaults)"),
@@ -253,7 +256,7 @@ def register(sub) -> None:
                                   "first send; prints the blis replay command of each (with --blis).")
     _replay_options(s)
     s.add_argument("--out", required=True, metavar="DIR", help="folder to write the traces into")
-    s.set_defaults(func=cmd_trace)
+    s.set_defaults(func=cmd_trace, outputs=[("out", "dir", "trace folder (--out)")])
 
     s = ws.add_parser("validate", help="replay experiments in BLIS; simulated vs measured E2E, TTFT, ITL",
                       description="Replay measured vLLM serving runs in BLIS and compare simulated "
@@ -268,7 +271,8 @@ def register(sub) -> None:
                    help=f"distillation steps per deployment (default {WORKLOAD_DEFAULTS['samples']})")
     s.add_argument("--out", metavar="FILE", help="write the per-(experiment, scope) table as CSV")
     s.add_argument("--keep", metavar="DIR", help="keep each run's trace, defaults.yaml, metrics and log in DIR")
-    s.set_defaults(func=cmd_validate)
+    s.set_defaults(func=cmd_validate, outputs=[("out", "file", "validation CSV (--out)"),
+                                               ("keep", "dir", "folder of kept runs (--keep)")])
 
     s = ws.add_parser("calibrate", help="fit a serving stack and BLIS's alphas to serving runs, BLIS in the loop",
                       description="Fit the serving-stack layer of a coefficient file (CPU work, launch gaps, "
@@ -280,7 +284,7 @@ def register(sub) -> None:
     s.add_argument("--holdout", metavar="MODEL", action="append",
                    help="leave a model's runs out of the fit (HF id or its last part; repeatable); they are "
                         "still replayed and reported")
-    s.set_defaults(func=cmd_calibrate)
+    s.set_defaults(func=cmd_calibrate, outputs=[("out", "file", "coefficient file (--out)")])
 
     s = ws.add_parser("lomo", help="leave-one-model-out benchmark of the workload calibration",
                       description="For each model: calibrate the serving stack on the other models' runs, "
@@ -288,4 +292,4 @@ def register(sub) -> None:
                                   "prints signed errors, the held-out MAPE and how many runs have all three within 10 %.")
     _calibration_options(s)
     s.add_argument("--out", metavar="FILE", help="write the held-out rows as CSV")
-    s.set_defaults(func=cmd_lomo)
+    s.set_defaults(func=cmd_lomo, outputs=[("out", "file", "held-out table (--out)")])

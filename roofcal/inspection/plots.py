@@ -172,7 +172,9 @@ def ms_text(us: float) -> str:
 
 def step_breakdown(df: pd.DataFrame) -> bytes | None:
     """Stacked bars of each component's predicted time as % of the measured step time, for
-    representative steps; the dashed line at 100% is the measured time."""
+    representative steps; the hidden CPU time (overlap, ≤ 0) is cut from the top of the stack
+    (hatched), so the solid top — marked — is the prediction; the dashed line at 100% is the
+    measured time."""
     steps = df[df["kind"] == "step"]
     if steps.empty:
         return None
@@ -184,10 +186,21 @@ def step_breakdown(df: pd.DataFrame) -> bytes | None:
     ax = fig.subplots()
     bottom = np.zeros(len(rows))
     cmap = matplotlib.colormaps["tab20"]
-    for i, c in enumerate(comp):
-        h = 100.0 * rows[c].to_numpy() / rows["measured_us"].to_numpy()
+    meas = rows["measured_us"].to_numpy()
+    # positive components stacked; a negative one (the CPU time hidden behind the GPU's, ≤ 0) is
+    # then cut from the top as a hatched band, so the solid top is the prediction
+    pos = [c for c in comp if (rows[c] >= 0).all()]
+    neg = [c for c in comp if c not in pos]
+    for i, c in enumerate(pos):
+        h = 100.0 * rows[c].to_numpy() / meas
         ax.bar(x, h, bottom=bottom, width=0.8, color=cmap(i % 20), label=c[5:-3])
         bottom += h
+    for c in neg:
+        h = 100.0 * rows[c].to_numpy() / meas
+        ax.bar(x, -h, bottom=bottom + h, width=0.8, facecolor="white", edgecolor="0.4", hatch="///",
+               label=f"{c[5:-3]} (hidden, cut from the top)")
+    top = 100.0 * rows["predicted_us"].to_numpy() / meas
+    ax.scatter(x, top, marker="_", s=160, color="black", zorder=3, label="predicted")
     ax.axhline(100.0, color="black", ls="--", lw=1.2, label="measured = 100%")
     labels = [f"{r.phase} b={r.batch:g} ctx={r.context:.0f} · {ms_text(r.measured_us)}"
               for r in rows.itertuples()]

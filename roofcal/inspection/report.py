@@ -194,8 +194,29 @@ def _filter_steps(steps: list, model, tp) -> list:
         steps = [d for d in steps if d.tp == int(tp)]
     return steps
 
+def _stack_groups(c, stack, steps, provenance, notes) -> list[tuple[list, dict]]:
+    """[(steps, params)]: the measured steps grouped by the serving stack that scores them —
+    ``stack`` for all when given, else each step file's own stack (the one fitted on it), else
+    the file's default stack; one note per file says which."""
+    from roofcal.model import coeffs as coeff_io
+    if stack is not None:
+        cs = coeff_io.resolve_stack(c, stack, required=True)
+        notes.append(f"steps scored with serving stack '{cs.stack or 'none'}' (--stack)")
+        return [(steps, cs.params)]
+    sha = {p["path"]: p["sha256"] for p in provenance}
+    groups: dict = {}
+    for d in steps:
+        own = coeff_io.stack_fitted_on(c, sha.get(d.source))
+        groups.setdefault(own or c.stack, []).append(d)
+        how = "the stack fitted on them" if own else "the file's default stack"
+        note = f"{d.source}: scored with serving stack '{own or c.stack}' ({how}; --stack to choose)"
+        if note not in notes:
+            notes.append(note)
+    return [(ds, coeff_io.resolve_stack(c, name, required=True).params) for name, ds in groups.items()]
+
+
 def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=None, blis=None,
-              plots: bool = True, worst: int = 20, top: int = 12) -> Residuals:
+              plots: bool = True, worst: int = 20, top: int = 12, stack: str | None = None) -> Residuals:
     """Inspect the residuals of a coefficient file on measurements; write the report to ``out_dir``.
 
     ``coeffs``: a roofcal coefficient file (path or :class:`~roofcal.coeffs.Coefficients`); its GPU
@@ -204,7 +225,9 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
     trained-physics formula, components β·basis (per-op rows need ``coeffs`` too, else are skipped).
     ``data``: None or ``"bundled"`` (the bundled measurements of the GPU), a path, a list of
     paths, or a :class:`~roofcal.datasets.Measurements`. ``model`` / ``tp`` name the deployment of
-    step JSONL rows without one, and keep only steps of that model / TP.
+    step JSONL rows without one, and keep only steps of that model / TP. ``stack``: the serving
+    stack that scores the measured steps (default: each file's own — the stack fitted on it —
+    else the file's default; the notes say which).
 
     Writes ``residuals.csv`` (one row per measurement), ``attribution.csv``, ``summary.md`` and
     the PNG plots, each atomically and only after everything was computed: bad input raises
@@ -223,9 +246,10 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
         else:
             notes.append(f"{len(m.ops)} per-op rows skipped: BLIS predicts whole steps only "
                          "(give --coeffs too to inspect them)")
-    if steps:
-        frames.append(blis_step_residuals(steps, b) if b is not None
-                      else step_residuals(steps, c.params))
+    if steps and b is not None:
+        frames.append(blis_step_residuals(steps, b))
+    elif steps:
+        frames += [step_residuals(ds, params) for ds, params in _stack_groups(c, stack, steps, m.provenance, notes)]
     elif b is not None:
         raise RoofcalError("residuals: --blis needs step measurements, and the data has none"
                            + (" matching --model/--tp" if m.steps else ""))
@@ -271,20 +295,15 @@ def _header(c, b, m, df, notes) -> list[str]:
     return lines
 
 def write_report(res: Residuals, out_dir) -> list[Path]:
-    """Write the CSVs (as every roofcal CSV: :func:`roofcal.io.write_csv_atomic`), summary and
-    plots into ``out_dir``, each atomically; returns the paths."""
-    from roofcal.io import write_bytes_atomic, write_csv_atomic, write_text_atomic
+    """Write the CSVs (as every roofcal CSV: :func:`roofcal.io.csv_text`), summary and plots into
+    ``out_dir``, all of them or none (:func:`roofcal.io.write_files_atomic`); returns the paths."""
+    from roofcal.io import csv_text, write_files_atomic
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise RoofcalError(f"{out}: exists and is not a folder")
     files = [(out / "residuals.csv", res.table), (out / "attribution.csv", res.attribution)]
     files += [(out / name, data) for name, data in res.plots.items()]
     files.append((out / "summary.md", res.summary))
-    for path, content in files:
-        if isinstance(content, pd.DataFrame):
-            write_csv_atomic(content, path)
-        elif isinstance(content, bytes):
-            write_bytes_atomic(path, content)
-        else:
-            write_text_atomic(path, content)
+    write_files_atomic({path: csv_text(content) if isinstance(content, pd.DataFrame) else content
+                        for path, content in files})          # all of them or none
     return [p for p, _ in files]

@@ -919,6 +919,11 @@ def read_trace(path: str | os.PathLike, warmup_steps: int = WARMUP_STEPS,
     for n, export in _lines(path, acc.counts, progress):
         acc.add_line(export, f"{path}:{n}")
     counts, summaries, journeys = acc.counts, acc.summaries, acc.journeys
+    if counts.lines == 0:
+        raise RoofcalError(f"{path}: empty file (expected OTLP JSON lines of a vLLM trace)")
+    if not summaries and not journeys:
+        raise RoofcalError(f"{path}: no vLLM step or request spans in {counts.lines} line(s) "
+                           f"(scopes {', '.join(SCOPES)}); not a vLLM trace")
     duplicates = acc.duplicates
     steps, stats = _build_steps(source, summaries, acc.snapshots, journeys, warmup_steps,
                                 max_preempted)
@@ -1065,3 +1070,15 @@ def write_requests_csv(data: TraceData, path: str | os.PathLike) -> None:
     """Write the per-request CSV atomically."""
     from roofcal.io import write_csv_atomic
     write_csv_atomic(requests_frame(data), path)
+
+
+def write_outputs(data: TraceData, steps_path, context_path, requests_path=None) -> int:
+    """Write the steps JSONL, the context CSV and (when given) the requests CSV — all of them or
+    none (:func:`roofcal.io.write_files_atomic`); returns the number of steps in the JSONL."""
+    from roofcal.io import csv_text, write_files_atomic
+    text = steps_jsonl_text(data)
+    files = {steps_path: text, context_path: csv_text(step_context_frame(data))}
+    if requests_path is not None:
+        files[requests_path] = csv_text(requests_frame(data))
+    write_files_atomic(files)
+    return text.count("\n")

@@ -210,6 +210,13 @@ def _finite(v, where: str, minimum: float | None = None) -> float:
     return float(v)
 
 
+#: the fields of a kernel entry (``ops.<kind>/<variant>``)
+OP_FIELDS = ("latency_us", "sharpness", "range", "compute_efficiency", "memory_efficiency")
+#: the top-level fields of a coefficient file (``step`` only in schema 1)
+TOP_FIELDS = ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics", "ops", "step",
+              "stack", "stacks", "intervals")
+
+
 def op_from_dict(key: str, d: dict, src: str) -> dict:
     kind = key.split("/")[0]
     if kind not in K.OP_KINDS or key.count("/") != 1:
@@ -219,9 +226,12 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         raise RoofcalError(f"{src}: field 'ops.{key}' must be a mapping")
     k = K.OP_KINDS[kind]
     where = f"{src}: field 'ops.{key}"
-    for f_ in ("latency_us", "sharpness", "range", "compute_efficiency", "memory_efficiency"):
+    for f_ in OP_FIELDS:
         if f_ not in d:
             raise RoofcalError(f"{where}.{f_}' is missing")
+    extra = sorted(set(d) - set(OP_FIELDS), key=str)
+    if extra:
+        raise RoofcalError(f"{where}.{extra[0]}' is not a kernel field ({', '.join(OP_FIELDS)})")
     lat = _finite(d["latency_us"], f"{where}.latency_us'", 0.0)
     q = _finite(d["sharpness"], f"{where}.sharpness'", 1.0)
     rng = d["range"]
@@ -376,6 +386,18 @@ def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False) -
     return with_stack(c, spec)        # raises: names the stacks there are
 
 
+def stack_fitted_on(c: "Coefficients", sha256: str | None) -> str | None:
+    """The name of the stack of ``c`` fitted on the measurement file with that hash (its
+    ``source.data`` lists it), or None."""
+    if not sha256:
+        return None
+    for name, st in c.stacks.items():
+        for rec in st.source.get("data") or []:
+            if isinstance(rec, dict) and rec.get("sha256") == sha256:
+                return name
+    return None
+
+
 def carry_stacks(new: "Coefficients", old: "Coefficients") -> "Coefficients":
     """``new`` (just fitted) with the stacks of ``old`` (the file it replaces) that the fit did not
     produce itself — calibrated on serving runs or borrowed — kept, and ``old``'s default stack
@@ -439,10 +461,16 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     schema = doc.get("schema")
     if schema not in READS:
         raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {', '.join(map(repr, READS))}")
+    extra = sorted(set(doc) - set(TOP_FIELDS), key=str)
+    if extra:
+        raise RoofcalError(f"{src}: field '{extra[0]}' is not a coefficient-file field ({', '.join(TOP_FIELDS)})")
     g = doc.get("gpu")
     if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
             or not isinstance(g.get("datasheet_sha256"), str):
         raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
+    if set(g) - {"name", "datasheet_sha256"}:
+        raise RoofcalError(f"{src}: field 'gpu.{sorted(set(g) - {'name', 'datasheet_sha256'}, key=str)[0]}' "
+                           "is not a gpu field (name, datasheet_sha256)")
     for key, typ in (("notes", list), ("data", list), ("fit", dict), ("metrics", dict)):
         if not isinstance(doc.get(key, typ()), typ):
             raise RoofcalError(f"{src}: field '{key}' must be a {typ.__name__}")

@@ -10,12 +10,15 @@ Every predicted row (a whole step, or one per-op row) carries these columns:
                     count 0 here (see ``no_kernel_data``).
 ``ood_what``        which one: ``<component>.<descriptor>`` for steps (``attn_decode.context``,
                     ``mlp_up.m``), ``<kind>.<descriptor>`` for per-op rows; empty inside
+``ood_detail``      the same in natural units: the descriptor's value and the range fitted,
+                    e.g. ``context 10,000,001 (fitted 128–131,073)``; empty inside
 ``ood_context``     (steps) some sequence's context — cached + new tokens of a prefill chunk, or
                     decode context + 1 — exceeds the model's ``max_position_embeddings``
-``fits_memory``     (steps) the step's KV tokens fit the KV cache vLLM would allocate at that TP
-                    (:func:`roofcal.physics.capacity.capacity` with vLLM's defaults and
-                    :func:`~roofcal.physics.capacity.fits`); False: vLLM could not run it as one
-                    step (also when the weights alone do not fit)
+``fits_memory``     (steps) vLLM could run the step at once at that TP: every sequence's KV, in
+                    whole blocks, fits the cache vLLM would allocate and there are at most
+                    max_num_seqs (256) sequences (:func:`roofcal.physics.capacity.capacity` with
+                    vLLM's defaults, :func:`~roofcal.physics.capacity.fits`); False also when the
+                    weights alone do not fit
 ``zero_shot``       the coefficients were not calibrated on this GPU: no file (neutral roofline),
                     a bootstrap (``calibrated: false``), or a serving stack marked ``zero_shot`` or
                     borrowed from another GPU's file
@@ -52,15 +55,20 @@ from roofcal.physics.kernels import SHAPE_COLUMNS
 from roofcal.physics.steps import StepBatch, step_totals
 
 #: flag columns of whole steps, in output order
-STEP_FLAGS = ("ood_shape", "ood_what", "ood_context", "fits_memory", "zero_shot", "no_kernel_data")
+STEP_FLAGS = ("ood_shape", "ood_what", "ood_detail", "ood_context", "fits_memory", "zero_shot", "no_kernel_data")
 #: flag columns of per-op rows (no model, so no context limit or memory)
-OP_FLAGS = ("ood_shape", "ood_what", "zero_shot", "no_kernel_data")
+OP_FLAGS = ("ood_shape", "ood_what", "ood_detail", "zero_shot", "no_kernel_data")
 #: config fields that give a model's context limit, first present wins
 CONTEXT_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 #: kernel kinds per-op measurements exist for (the others are never fitted per op)
 MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
 #: distances (log2 units) below this are rounding of the stored range, not extrapolation
 TOLERANCE = 1e-4
+#: what a user should know about descriptors the per-op tables cannot cover
+KNOWN_GAPS = {
+    "cached": "the per-op prefill-attention tables hold no cached prefix, so chunked prefill and "
+              "prefix-cache hits are extrapolated (its band is widened)",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,13 +111,34 @@ def op_shape_flags(ops: dict, kind: str, variant: str, z) -> dict:
     n = z.shape[0]
     key, p = K.lookup(ops, kind, variant)
     k = K.OP_KINDS[kind]
+    detail = np.full(n, "", object)
     if key in ops:
         u = z * np.asarray(k.scale) + np.asarray(k.center)
-        d, what = worst(excess(u, *log2_bounds(kind, p)), [f"{kind}.{x}" for x in k.descriptors])
+        low, high = log2_bounds(kind, p)
+        dist = excess(u, low, high)
+        d, what = worst(dist, [f"{kind}.{x}" for x in k.descriptors])
+        if (d > 0).any():
+            j = np.argmax(dist, axis=1)
+            detail = _details(d, k.descriptors, j, np.take_along_axis(u, j[:, None], 1)[:, 0], low[j], high[j])
     else:
         d, what = np.zeros(n), np.full(n, "", object)
     missing = kind in MEASURED_KINDS and K.op_key(kind, variant) not in ops
-    return {"ood_shape": d, "ood_what": what, "no_kernel_data": np.full(n, missing)}
+    return {"ood_shape": d, "ood_what": what, "ood_detail": detail, "no_kernel_data": np.full(n, missing)}
+
+
+def _natural(u) -> np.ndarray:
+    """log2(1 + x) units back to x (tokens, bytes, …)."""
+    return np.exp2(np.asarray(u, np.float64)) - 1.0
+
+
+def _details(d, descriptors, j, u, low, high) -> np.ndarray:
+    """``<descriptor> <value> (fitted <low>–<high>)`` per row with d > 0, in natural units."""
+    out = np.full(len(d), "", object)
+    for i in np.flatnonzero(d > 0):
+        name = descriptors[int(j[i])]
+        lo_, hi_ = _natural(low[i]), _natural(high[i])
+        out[i] = f"{name} {_natural(u[i]):,.0f} (fitted {lo_:,.0f}–{hi_:,.0f})"
+    return out
 
 
 def _shape_columns(ops: dict, calls: dict):
@@ -170,14 +199,16 @@ def context_limit(model) -> int:
     return 0
 
 
-def fits_memory(model, gpu, tp: int, totals) -> np.ndarray:
-    """Whether each step's KV tokens fit the KV cache of ``model`` on ``gpu`` at TP ``tp``
-    (vLLM's defaults; all False when vLLM could not even start: weights do not fit)."""
+def fits_memory(model, gpu, tp: int, batch: StepBatch) -> np.ndarray:
+    """Whether vLLM could run each step at once with ``model`` on ``gpu`` at TP ``tp`` and its
+    defaults: every sequence's whole KV blocks fit the cache and there are at most max_num_seqs
+    (256) sequences (:func:`roofcal.physics.capacity.fits`); all False when vLLM could not even
+    start (the weights do not fit)."""
     try:
         c = cap_.capacity(model, gpu, tp)
     except RoofcalError:
-        return np.zeros(np.shape(totals.decode_kv_tokens), bool)
-    return cap_.fits(c, totals)
+        return np.zeros(batch.num_steps, bool)
+    return cap_.fits(c, batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,11 +244,33 @@ def step_flags(c, model, gpu, tp: int, batch: StepBatch, numeric=None) -> dict:
         else np.full(len(dist), "", object)
     rows = batch.num_steps
     limit = context_limit(model)
-    return {"ood_shape": dist, "ood_what": what,
+    detail = _step_details(ops, model, tp, totals, dist, what)
+    return {"ood_shape": dist, "ood_what": what, "ood_detail": detail,
             "ood_context": longest > limit if limit else np.zeros(rows, bool),
-            "fits_memory": fits_memory(model, gpu, tp, totals),
+            "fits_memory": fits_memory(model, gpu, tp, batch),
             "zero_shot": np.full(rows, zero_shot(c, steps=True)),
             "no_kernel_data": missing > 0}
+
+
+def _step_details(ops: dict, model, tp: int, totals, dist, what) -> np.ndarray:
+    """The :func:`_details` of steps: the worst descriptor's value and fitted range in natural
+    units, from the steps' kernel calls (NumPy, outside the jitted call)."""
+    out = np.full(len(dist), "", object)
+    if not (dist > 0).any():
+        return out
+    calls = step_ops(model, tp, totals)
+    for label in sorted(set(what[dist > 0].tolist())):
+        name, desc = label.rsplit(".", 1)
+        call = calls[name]
+        key, p = K.lookup(ops, call.kind, call.variant)
+        j = K.OP_KINDS[call.kind].descriptors.index(desc)
+        low, high = log2_bounds(call.kind, p)
+        sel = (what == label) & (dist > 0)
+        x = np.broadcast_to(np.asarray(call.work.shape[j], np.float64), dist.shape)[sel]
+        n = int(sel.sum())
+        out[sel] = _details(np.ones(n), K.OP_KINDS[call.kind].descriptors, np.full(n, j),
+                            np.log2(1.0 + x), np.full(n, low[j]), np.full(n, high[j]))
+    return out
 
 
 def summary(df: pd.DataFrame, unit: str = "steps") -> str:
@@ -230,10 +283,19 @@ def summary(df: pd.DataFrame, unit: str = "steps") -> str:
     ood = shape | ctx
     parts = []
     if shape.any():
-        worst_by = df.loc[shape].groupby("ood_what")["ood_shape"].max().sort_values(ascending=False)
-        names = ", ".join(f"{w} up to {d:.1f} log2" for w, d in worst_by.head(3).items())
+        sub = df.loc[shape]
+        worst_by = sub.groupby("ood_what")["ood_shape"].max().sort_values(ascending=False)
+        names = []
+        for w, d in worst_by.head(3).items():
+            txt = w
+            if "ood_detail" in sub.columns:       # the farthest row's value and the fitted range
+                row = sub[sub["ood_what"] == w].sort_values("ood_shape", ascending=False).iloc[0]
+                if str(row["ood_detail"]):
+                    txt = f"{w.rsplit('.', 1)[0]} {row['ood_detail']}"
+            gap = KNOWN_GAPS.get(w.rsplit(".", 1)[-1])
+            names.append(txt + (f" — {gap}" if gap else ""))
         more = ", …" if len(worst_by) > 3 else ""
-        parts.append(f"{shape.sum()} beyond the fitted shapes ({names}{more})")
+        parts.append(f"{shape.sum()} beyond the fitted shapes ({'; '.join(names)}{more})")
     if ctx.any():
         parts.append(f"{ctx.sum()} beyond the context limit")
     line = (f"{ood.sum()} of {n} {unit} out of domain: " + ", ".join(parts)) if ood.any() \

@@ -42,6 +42,16 @@ PHASES = ("prefill", "decode")
 BASES = ("steps+kernels", "kernels", "kernels (partial)", "none")
 #: kernel kinds with per-op measurements (bands); the rest have none
 MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
+#: how fast a kernel's error grows outside its fitted shapes: natural-log units of the 90th
+#: percentile of |log(predicted / measured)| per log2 unit of distance beyond the fitted range
+#: (``ood_shape``), measured by ``python -m roofcal.bench.extrapolation`` on the bundled H100
+#: rows (fit on the smaller 75 % of a size descriptor, score beyond it; 2026-11-24). All-reduce
+#: has too few rows beyond its range to measure (15): it takes the largest slope measured. An
+#: out-of-domain kernel's band is widened by e^(∓ slope · distance): 2× beyond the fitted size
+#: (1 log2 unit) widens a GEMM band by 31 % each way.
+EXTRAPOLATION = {"gemm": 0.27, "attn_prefill": 0.27, "attn_decode": 0.15, "moe": 0.24, "allreduce": 0.27}
+#: ``interval_basis`` suffix of a band widened for extrapolation
+EXTRAPOLATED = " + extrapolation"
 
 
 @dataclass(frozen=True)
@@ -100,17 +110,25 @@ def op_band(bands: dict, kind: str, variant: str, reg: str = ALL) -> "Band | Non
     return None
 
 
-def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred) -> tuple[np.ndarray, np.ndarray]:
+def widening(kind: str, distance) -> np.ndarray:
+    """e^(slope · distance) of :data:`EXTRAPOLATION` for rows ``distance`` log2 units outside the
+    fitted shapes (1 inside)."""
+    return np.exp(EXTRAPOLATION.get(kind, max(EXTRAPOLATION.values())) * np.asarray(distance, np.float64))
+
+
+def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred, distance=None) -> tuple[np.ndarray, np.ndarray]:
     """(p10 µs, p90 µs) of per-op rows of one kernel: ``pred`` µs times the band of each row's
-    regime (ideal times ``tc``, ``tm`` µs); NaN where no band exists."""
+    regime (ideal times ``tc``, ``tm`` µs), widened by :func:`widening` for rows ``distance``
+    log2 units outside the fitted shapes; NaN where no band exists."""
     pred = np.asarray(pred, np.float64)
     reg = regime(tc, tm)
+    wide = widening(kind, 0.0 if distance is None else distance) * np.ones(pred.shape)
     lo, hi = np.full(pred.shape, np.nan), np.full(pred.shape, np.nan)
     for r in REGIMES:
         b = op_band(bands, kind, variant, r)
         if b is not None:
             sel = reg == r
-            lo[sel], hi[sel] = pred[sel] * b.p10, pred[sel] * b.p90
+            lo[sel], hi[sel] = pred[sel] * b.p10 / wide[sel], pred[sel] * b.p90 * wide[sel]
     return lo, hi
 
 
@@ -127,18 +145,35 @@ def stack_band(stack_bands: dict, has_prefill, has_decode) -> tuple[np.ndarray, 
     return lo, hi
 
 
-def kernel_step_interval(bands: dict, calls: dict, parts: dict, total) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(p10 µs, p90 µs, covered) of whole steps from their kernels alone.
+def call_distance(ops: dict, call) -> np.ndarray:
+    """How far a kernel call's shapes lie outside the range its parameters were fitted on (log2
+    units, the largest over its descriptors; 0 without fitted parameters) — per step."""
+    from roofcal.model import domain
+    key, p = K.lookup(ops, call.kind, call.variant)
+    if key not in ops:
+        return np.zeros(())
+    low, high = domain.log2_bounds(call.kind, p)
+    d = [domain.excess(np.log2(1.0 + np.asarray(x, np.float64))[..., None], low[j:j + 1], high[j:j + 1])[..., 0]
+         for j, x in enumerate(call.work.shape)]
+    return np.max(np.broadcast_arrays(*d), axis=0) if d else np.zeros(())
+
+
+def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict | None = None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(p10 µs, p90 µs, covered, extrapolated) of whole steps from their kernels alone.
 
     ``calls``: the step's kernel calls (:func:`roofcal.physics.decompose.step_ops`), ``parts``:
     µs per component (the breakdown, stack scales applied), ``total``: predicted µs (S,). Each
-    component with a band moves to its p10 / p90; the rest of the step (overheads, overlap,
-    kernels without held-out data) is held. ``covered``: fraction of the time of kernels that
-    per-op data can measure (:data:`MEASURED_KINDS`; not the elementwise ones, which run at the
-    roofline times the stack's scale) that had a band (1.0 = every such kernel)."""
+    component with a band moves to its p10 / p90 — widened by :func:`widening` when its shapes lie
+    outside the fitted range of ``ops`` (:func:`call_distance`); the rest of the step (overheads,
+    overlap, kernels without held-out data) is held. ``covered``: fraction of the time of kernels
+    that per-op data can measure (:data:`MEASURED_KINDS`; not the elementwise ones, which run at
+    the roofline times the stack's scale) that had a band (1.0 = every such kernel);
+    ``extrapolated``: some banded component was widened (bool)."""
     total = np.asarray(total, np.float64)
     lo, hi = total.copy(), total.copy()
     kern, banded = np.zeros_like(total), np.zeros_like(total)
+    extrapolated = np.zeros(total.shape, bool)
     for name, call in calls.items():
         if name not in parts:
             continue
@@ -148,22 +183,26 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total) -> tuple[
         b = op_band(bands, call.kind, call.variant)
         if b is None:
             continue
+        dist = call_distance(ops, call) if ops is not None else np.zeros(())
+        wide = widening(call.kind, dist)
+        extrapolated |= (dist > 0) & (t > 0)
         banded += t
-        lo += t * (b.p10 - 1.0)
-        hi += t * (b.p90 - 1.0)
+        lo += t * (b.p10 / wide - 1.0)
+        hi += t * (b.p90 * wide - 1.0)
     covered = np.divide(banded, kern, out=np.ones_like(kern), where=kern > 0)
-    return np.maximum(lo, 0.0), hi, covered
+    return np.maximum(lo, 0.0), hi, covered, extrapolated
 
 
-def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, totals):
+def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, totals, ops: dict | None = None):
     """(p10 µs, p90 µs, basis) of whole steps: the union of the stack's phase band (phase from
     the :class:`~roofcal.physics.steps.StepTotals` ``totals``) and the kernels' band
-    (:func:`kernel_step_interval`). ``basis`` per step: ``steps+kernels`` when the
-    stack had a band for the phase, ``kernels`` when only kernels did (the stack's own error is
-    not in it), ``kernels (partial)`` when some kernel time had no band, ``none`` when nothing
-    had."""
+    (:func:`kernel_step_interval`, widened where a kernel extrapolates beyond ``ops``' fitted
+    shapes). ``basis`` per step: ``steps+kernels`` when the stack had a band for the phase,
+    ``kernels`` when only kernels did (the stack's own error is not in it), ``kernels
+    (partial)`` when some kernel time had no band, ``none`` when nothing had; with
+    :data:`EXTRAPOLATED` appended when a kernel's band was widened."""
     total = np.asarray(total, np.float64)
-    klo, khi, covered = kernel_step_interval(bands, calls, parts, total)
+    klo, khi, covered, extrapolated = kernel_step_interval(bands, calls, parts, total, ops)
     slo, shi = stack_band(stack_bands, np.asarray(totals.n_prefill) > 0, np.asarray(totals.n_decode) > 0)
     has_stack = np.isfinite(slo)
     lo = np.where(has_stack, np.minimum(klo, total * np.where(has_stack, slo, 1.0)), klo)
@@ -172,6 +211,7 @@ def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, tota
     code = np.where(has_stack, 0, np.where(covered < 1.0, 2, 1))
     code[none] = 3
     basis = np.asarray(BASES, object)[code]
+    basis = np.where(extrapolated & ~none, basis + EXTRAPOLATED, basis).astype(object)
     lo[none], hi[none] = np.nan, np.nan
     return lo, hi, basis
 
@@ -231,8 +271,17 @@ def summary(df, unit: str = "steps") -> str:
         parts.append(f"{(~ok).sum()} {unit} without one (no held-out data for their kernels)")
     if "interval_basis" in df.columns:
         basis = df["interval_basis"].astype(str).to_numpy()
-        k = np.isin(basis, ("kernels", "kernels (partial)")).sum()
+        plain = np.char.replace(basis.astype(str), EXTRAPOLATED, "")
+        k = np.isin(plain, ("kernels", "kernels (partial)")).sum()
         if k:
             parts.append(f"{k} {unit} from kernels only (their serving stack has no held-out "
                          "steps, so its own error is not in the band)")
+        x = np.char.endswith(basis.astype(str), EXTRAPOLATED).sum()
+        if x:
+            parts.append(f"{x} {unit} widened for kernels outside their fitted shapes (ood_shape; "
+                         "roofcal.model.intervals.EXTRAPOLATION)")
+    elif "ood_shape" in df.columns:
+        x = (df["ood_shape"].to_numpy(np.float64) > 0).sum()
+        if x:
+            parts.append(f"{x} {unit} widened for shapes outside the fitted range (ood_shape)")
     return "; ".join(parts)

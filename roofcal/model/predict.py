@@ -86,7 +86,7 @@ def step_arrays(c, model, gpu, tp: int, batch) -> tuple[dict, tuple, dict]:
     out = {k: np.asarray(v, np.float64) for k, v in parts.items()}
     totals = jax.tree_util.tree_map(np.asarray, numeric[-1])
     band = intervals.step_interval(c.op_bands, c.stack_bands, step_ops(model, tp, totals), out,
-                                   out["total"], totals)
+                                   out["total"], totals, c.params["ops"])
     return out, band, domain.step_flags(c, model, gpu, tp, batch, numeric)
 
 
@@ -184,7 +184,7 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     for col in cols:
         out[col] = np.nan
     flag = {"ood_shape": np.zeros(len(df)), "ood_what": np.full(len(df), "", object),
-            "no_kernel_data": np.zeros(len(df), bool)}
+            "ood_detail": np.full(len(df), "", object), "no_kernel_data": np.zeros(len(df), bool)}
     for g, op, dt, idx in groups(df):
         if g != gpu.name:
             raise RoofcalError(f"{df['source'].iloc[idx[0]]}: rows are for GPU '{g}' but the "
@@ -195,11 +195,12 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
+        shape_flags = domain.op_shape_flags(params["ops"], op, dt, z) if (flags or bands is not None) else None
         if bands is not None:
-            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t)
+            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t, shape_flags["ood_shape"])
             out.loc[out.index[idx], "p10_us"], out.loc[out.index[idx], "p90_us"] = lo, hi
         if flags:
-            for name, v in domain.op_shape_flags(params["ops"], op, dt, z).items():
+            for name, v in shape_flags.items():
                 flag[name][idx] = v
     if "latency_us" in out.columns:
         out["rel_error"] = out["predicted_us"] / out["latency_us"] - 1.0

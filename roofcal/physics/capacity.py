@@ -101,6 +101,7 @@ class Capacity:
     available_bytes: float = 0.0
     reserved_bytes: float = 0.0
     total_bytes: float = 0.0
+    max_num_seqs: int = 256          # vLLM's limit on sequences in one step
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,10 +282,15 @@ def capacity(model: ModelSpec, gpu: GPUSpec, tp: int, kv_dtype: str = "auto",
             f"per GPU of {requested / GIB:.1f} GiB usable; raise --tp")
     blocks = int(available // (block_size * per_token)) if available > 0 else 0
     if blocks < 1:
+        # say what to change: the profiling run's size when the activations are the larger share
+        fix = (f"lower --max-num-batched-tokens ({max_num_batched_tokens}) or --max-num-seqs "
+               f"({max_num_seqs}), whose profiling run takes them, or raise --tp"
+               if reserved >= requested - weights and reserved > weights
+               else "raise --tp or --gpu-memory-utilization")
         raise RoofcalError(
             f"{model.name} at TP {tp} does not fit on {gpu.name}: weights {weights / GIB:.1f} GiB and "
             f"activations {reserved / GIB:.1f} GiB per GPU leave no KV cache of {requested / GIB:.1f} "
-            f"GiB usable; raise --tp or --gpu-memory-utilization")
+            f"GiB usable; {fix}")
     notes = [
         f"total memory {CUDA_VISIBLE_FRACTION:g} × {gpu.hbm_capacity_gib:g} GiB (as CUDA reports it)",
         f"reserved {reserved / GIB:.2f} GiB: activation peak of a {max_num_batched_tokens}-token, "
@@ -299,7 +305,7 @@ def capacity(model: ModelSpec, gpu: GPUSpec, tp: int, kv_dtype: str = "auto",
     return Capacity(weights_bytes_per_gpu=int(weights), kv_bytes_per_token_per_gpu=int(per_token),
                     kv_blocks=blocks, kv_tokens=blocks * block_size, block_size=int(block_size),
                     notes=tuple(notes), available_bytes=float(available), reserved_bytes=float(reserved),
-                    total_bytes=float(total))
+                    total_bytes=float(total), max_num_seqs=int(max_num_seqs))
 
 
 def max_batch(cap: Capacity, context: int) -> int:
@@ -317,13 +323,24 @@ def kv_tokens_needed(totals) -> np.ndarray:
             + np.asarray(totals.decode_kv_tokens, np.float64))
 
 
-def fits(cap: Capacity, needed) -> np.ndarray:
-    """Whether each step's KV tokens fit in the cache, element-wise (bool array).
+def kv_blocks_needed(batch, block_size: int = 16) -> np.ndarray:
+    """KV blocks each step of a :class:`~roofcal.physics.steps.StepBatch` holds: every sequence
+    rounded up to whole blocks — ⌈(cached + new) / block⌉ per prefill chunk, ⌈(context + 1) /
+    block⌉ per decode (masks count as multiplicities). 100,000 one-token decodes hold 100,000
+    blocks, not 100,000 / 16 × 2."""
+    pm, dm = np.asarray(batch.prefill_mask, np.float64), np.asarray(batch.decode_mask, np.float64)
+    pf = np.ceil((np.asarray(batch.prefill_cached, np.float64) + np.asarray(batch.prefill_new, np.float64)) / block_size)
+    dc = np.ceil((np.asarray(batch.decode_ctx, np.float64) + 1.0) / block_size)
+    return (pm * pf).sum(1) + (dm * dc).sum(1)
 
-    ``needed``: KV tokens per step (array-like, Σ over sequences of context + new tokens) or a
-    :class:`~roofcal.physics.steps.StepTotals`. Token totals ignore each sequence's rounding up to
-    whole blocks (≤ block_size − 1 tokens per sequence), so a step at the limit may still not fit.
-    """
-    if hasattr(needed, "decode_kv_tokens"):
-        needed = kv_tokens_needed(needed)
-    return np.asarray(needed, np.float64) <= cap.kv_tokens
+
+def sequences(batch) -> np.ndarray:
+    """Sequences in each step of a batch (prefill chunks + decodes)."""
+    return np.asarray(batch.prefill_mask, np.float64).sum(1) + np.asarray(batch.decode_mask, np.float64).sum(1)
+
+
+def fits(cap: Capacity, batch) -> np.ndarray:
+    """Whether vLLM could run each step of ``batch`` (a :class:`~roofcal.physics.steps.StepBatch`)
+    at once: its sequences' whole KV blocks (:func:`kv_blocks_needed`) fit the cache and it runs
+    at most ``cap.max_num_seqs`` sequences (bool array)."""
+    return (kv_blocks_needed(batch, cap.block_size) <= cap.kv_blocks) & (sequences(batch) <= cap.max_num_seqs)

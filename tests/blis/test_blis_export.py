@@ -621,7 +621,8 @@ def test_export_distils_recorded_config_paths_and_scores_steps_without_a_model(t
     assert form.deployments == (Deployment(str(cfg.resolve()), 1),)
     assert form.provenance["method"] == "distillation"
     # the step file gets the coefficient file's only deployment, as at fit time, and is scored
-    assert form.provenance["scored_only"] == [f"{steps}: scored (held-out configurations as in the coefficient fit)"]
+    assert form.provenance["scored_only"] == [f"{steps}: scored with serving stack 'vllm' (held-out configurations "
+                                              "as in the coefficient fit)"]
     assert form.metrics["heldout"]["measured"]["all"]["n"] > 0
     assert f"for {cfg.resolve()} TP1 on H100" in result.comment
 

@@ -34,14 +34,18 @@ def test_decode_beyond_context_limit_and_fitted_context():
     df = predict([Step(decode=(10_000_000,))], model="llama-2-7b-hf", gpu="h100_sxm", tp=1,
                  coeffs=H100_FILE)
     r = df.iloc[0]
-    assert list(df.columns[-6:]) == list(domain.STEP_FLAGS)
+    assert list(df.columns[-7:]) == list(domain.STEP_FLAGS)
     assert bool(r.ood_context)
     assert r.ood_what == "attn_decode.context"
     # log2(1 + 10,000,000) − log2(1 + 131,071) = 23.253497 − 17 = 6.253497 log2 units
     assert r.ood_shape == pytest.approx(math.log2(10_000_001) - math.log2(131_072), abs=1e-5)
     assert r.ood_shape == pytest.approx(6.253497, abs=1e-5)
+    assert r.ood_detail == "context 10,000,000 (fitted 1–131,071)"
     # 10M tokens × 512 KiB of KV: far beyond one H100
     assert not r.fits_memory and not r.zero_shot and not r.no_kernel_data
+    # the band is widened: the decode attention is e^(0.15 · 6.25) ≈ 2.6 × wider each way
+    assert r.interval_basis == "kernels + extrapolation"
+    assert r.p90_us / r.predicted_us > 1.5 and r.p10_us / r.predicted_us < 0.7
 
 
 def test_context_limit_counts_the_new_token():
@@ -127,7 +131,7 @@ def test_per_op_rows(tmp_path):
                   "m": [256, 65536, 256], "n": [4096, 4096, 4096], "k": [4096, 4096, 4096],
                   "latency_us": [100.0, 10000.0, 100.0]}).to_csv(p, index=False)
     df = predict_ops(p, coeffs=A100_FILE)
-    assert list(df.columns[-4:]) == list(domain.OP_FLAGS)
+    assert list(df.columns[-5:]) == list(domain.OP_FLAGS)
     assert "rel_error" in df.columns and df.predicted_us.notna().all()
     lo, hi = file_range(A100_FILE, "gemm/bf16", "m")
     assert df.ood_what.tolist() == ["", "gemm.m", ""]
@@ -136,19 +140,26 @@ def test_per_op_rows(tmp_path):
     assert df.ood_shape[0] == 0 and df.ood_shape[2] == 0
     assert df.no_kernel_data.tolist() == [False, False, True]
     assert not df.zero_shot.any()            # per-op rows use no serving stack
+    # in natural units: the value and the range fitted
+    assert df.ood_detail.tolist() == ["", f"m 65,536 (fitted {lo:,.0f}–{hi:,.0f})", ""]
     assert domain.summary(df, "rows").startswith("1 of 3 rows out of domain: 1 beyond the fitted "
-                                                 "shapes (gemm.m up to ")
+                                                 "shapes (gemm m 65,536 (fitted ")
     assert predict_ops(p).zero_shot.all()    # neutral roofline
 
 
 def test_summary_line():
-    df = pd.DataFrame({"ood_shape": [3.2, 1.0, 0.0, 0.0], "ood_what": ["attn_decode.context", "lm_head.n", "", ""],
-                       "ood_context": [True, False, True, False],
-                       "fits_memory": [False, True, True, True], "zero_shot": False,
-                       "no_kernel_data": [False, False, False, True]})
+    df = pd.DataFrame({"ood_shape": [3.2, 1.0, 0.0, 0.0, 10.5],
+                       "ood_what": ["attn_decode.context", "lm_head.n", "", "", "attn_prefill.cached"],
+                       "ood_detail": ["context 1,200,000 (fitted 1–131,071)", "n 64,000 (fitted 64–32,000)", "", "",
+                                      "cached 1,500 (fitted 0–0)"],
+                       "ood_context": [True, False, True, False, False],
+                       "fits_memory": [False, True, True, True, True], "zero_shot": False,
+                       "no_kernel_data": [False, False, False, True, False]})
+    # the farthest first, in natural units; a known gap says what the data lack
     assert domain.summary(df) == (
-        "3 of 4 steps out of domain: 2 beyond the fitted shapes (attn_decode.context up to 3.2 log2, "
-        "lm_head.n up to 1.0 log2), 2 beyond the context limit; 1 does not fit in memory; "
+        "4 of 5 steps out of domain: 3 beyond the fitted shapes (attn_prefill cached 1,500 (fitted 0–0) — "
+        + domain.KNOWN_GAPS["cached"] + "; attn_decode context 1,200,000 (fitted 1–131,071); "
+        "lm_head n 64,000 (fitted 64–32,000)), 2 beyond the context limit; 1 does not fit in memory; "
         "1 with kernels that have no fitted data")
 
 
@@ -170,11 +181,13 @@ def test_cli_prints_one_line_summary(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 3 and lines[0].startswith("wrote 2 rows")
-    assert lines[1] == ("1 of 2 steps out of domain: 1 beyond the fitted shapes (attn_decode.context "
-                        "up to 6.3 log2), 1 beyond the context limit; 1 does not fit in memory")
-    # the default (vllm) stack has no held-out steps: the interval line says so
+    assert lines[1] == ("1 of 2 steps out of domain: 1 beyond the fitted shapes (attn_decode context "
+                        "10,000,000 (fitted 1–131,071)), 1 beyond the context limit; 1 does not fit in memory")
+    # the default (vllm) stack has no held-out steps: the interval line says so, and that the
+    # band of the step beyond the fitted context was widened
     assert lines[2].startswith("80 % interval: median -") and lines[2].endswith(
         "2 steps from kernels only (their serving stack has no held-out steps, so its own error "
-        "is not in the band)")
+        "is not in the band); 1 steps widened for kernels outside their fitted shapes (ood_shape; "
+        "roofcal.model.intervals.EXTRAPOLATION)")
     df = pd.read_csv(out, keep_default_na=False)
     assert df.ood_what.tolist() == ["attn_decode.context", ""]

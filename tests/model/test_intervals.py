@@ -84,10 +84,11 @@ def test_kernel_step_interval_by_hand():
              "elementwise": np.array([50.0]), "allreduce": np.array([0.0]),
              "overhead": np.array([300.0])}
     total = np.array([1550.0])
-    lo, hi, cov = IV.kernel_step_interval(bands, calls, parts, total)
+    lo, hi, cov, extrapolated = IV.kernel_step_interval(bands, calls, parts, total)
     # 1550 − 0.1·1000 − 0.05·200 = 1440;  1550 + 0.2·1000 + 0.05·200 = 1760
     assert lo[0] == pytest.approx(1440.0) and hi[0] == pytest.approx(1760.0)
     assert cov[0] == 1.0            # all-reduce takes no time here; elementwise is never measured
+    assert not extrapolated[0]
     # the stack's decode band (0.8, 1.3) is wider: the union holds it
     lo, hi, basis = IV.step_interval(bands, {"decode": IV.Band(0.8, 1.3, 40)}, calls, parts, total,
                                      DECODE)
@@ -198,3 +199,13 @@ def test_trace_steps_show_cycle_and_gpu_side():
     assert r.predicted_gpu_us == pytest.approx(kernels + gpu_overheads, rel=1e-5)
     # the cycle adds the CPU work less what hides behind the GPU
     assert r.predicted_gpu_us < r.predicted_us < r.predicted_gpu_us + r.overhead_us
+
+
+def test_out_of_domain_kernels_widen_by_the_measured_slope():
+    # a per-op row 2 log2 units beyond its fitted shapes: its band × e^(∓ 0.27 · 2) (GEMM)
+    bands = {"gemm/bf16": {"compute": IV.Band(0.9, 1.2, 50), "memory": IV.Band(0.9, 1.2, 50)}}
+    lo, hi = IV.op_interval(bands, "gemm", "bf16", np.array([10.0, 10.0]), np.array([1.0, 1.0]),
+                            np.array([100.0, 100.0]), distance=np.array([0.0, 2.0]))
+    w = math.exp(IV.EXTRAPOLATION["gemm"] * 2.0)
+    assert lo.tolist() == pytest.approx([90.0, 90.0 / w]) and hi.tolist() == pytest.approx([120.0, 120.0 * w])
+    assert IV.widening("gemm", 1.0) == pytest.approx(1.31, abs=0.005)       # 2× beyond the fitted size

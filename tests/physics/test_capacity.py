@@ -149,14 +149,24 @@ def test_max_batch_rounds_each_sequence_to_blocks():
         max_batch(cap, 0)
 
 
-def test_fits_is_vectorised_over_steps_and_reads_step_totals():
+def test_fits_counts_whole_blocks_per_sequence_and_max_num_seqs():
+    from roofcal.physics.capacity import kv_blocks_needed, sequences
     cap = capacity(load_model("llama-2-7b-hf"), H100, 1)
-    need = np.array([0, cap.kv_tokens, cap.kv_tokens + 1, 10 * cap.kv_tokens])
-    assert fits(cap, need).tolist() == [True, True, False, False]
-    steps = [Step(((100, 0), (50, 200)), (10, 20)),                    # 100 + 250 + 11 + 21 = 382
-             Step((), tuple([4000] * 40))]                              # 40 · 4001 = 160,040 > capacity
-    t = step_totals(batch_steps(steps))
-    assert fits(cap, t).tolist() == [True, False]
+    steps = [Step(((100, 0), (50, 200)), (10, 20)),      # ⌈100/16⌉ + ⌈250/16⌉ + ⌈11/16⌉ + ⌈21/16⌉ = 7 + 16 + 1 + 2
+             Step((), tuple([4000] * 40)),               # 40 · ⌈4001/16⌉ = 40 · 251 = 10,040 > 7,467 blocks
+             Step((), (0,) * 200)]                       # 200 one-token decodes: 200 blocks (not 200/16)
+    b = batch_steps(steps)
+    assert kv_blocks_needed(b, 16).tolist() == [26, 10_040, 200]
+    assert sequences(b).tolist() == [4, 40, 200]
+    assert fits(cap, b).tolist() == [True, False, True]
+    # one-token decodes at the block limit: whole blocks, not tokens, run out
+    n = cap.kv_blocks + 1
+    many = batch_steps([Step((), (0,) * min(n, 300))])
+    assert kv_blocks_needed(many, 16).tolist() == [min(n, 300)]
+    # more sequences than max_num_seqs (256 by default; here 128) do not run as one step
+    small = capacity(load_model("llama-2-7b-hf"), H100, 1, max_num_seqs=128)
+    assert small.max_num_seqs == 128
+    assert fits(small, batch_steps([Step((), (10,) * 128), Step((), (10,) * 129)])).tolist() == [True, False]
 
 
 # ------------------------------------------------------------------------------------------
