@@ -265,7 +265,8 @@ def _basis_np(constants: BlisConstants, requests) -> dict:
 def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[ResolvedDeployment],
                settings: BlisFitSettings, datasets: Sequence[StepData] = (), hw: BlisHardware | None = None,
                measured_split: tuple[float, int] | None = None,
-               dataset_weights: Sequence[np.ndarray] | None = None) -> dict[str, Rows]:
+               dataset_weights: Sequence[np.ndarray] | None = None,
+               dataset_sources: Sequence[str] | None = None) -> dict[str, Rows]:
     """{'distill': rows, 'measured': rows} (sources without steps left out).
 
     Distillation: ``settings.samples`` steps sampled per deployment, ``settings.holdout`` of them
@@ -275,7 +276,9 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
     configurations held out as ``roofcal fit`` holds them out with ``measured_split`` = (holdout,
     seed) (e.g. the coefficient file's, so its held-out configurations stay held out; default
     ``settings``'); steps without any request are dropped; native predictions only when
-    ``params`` is given; ``dataset_weights``: a weight per step of each dataset (default 1)."""
+    ``params`` is given; ``dataset_weights``: a weight per step of each dataset (default 1);
+    ``dataset_sources``: the source each dataset's rows count under (default ``measured``; e.g.
+    a deployment's saturated steps, weighted on their own)."""
     holdout, seed = measured_split if measured_split is not None else (settings.holdout, settings.seed)
     pending, jobs = [], []
     for r in deployments:
@@ -294,7 +297,8 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
         r = resolve_deployment(Deployment(d.model.ref, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}",
                                spec=d.model)
         requests = blis_requests_from_steps(d.batch, d.source)
-        pending.append(("measured", _basis_np(r.constants, requests), np.asarray(d.measured_us, np.float64),
+        source = "measured" if dataset_sources is None else dataset_sources[i]
+        pending.append((source, _basis_np(r.constants, requests), np.asarray(d.measured_us, np.float64),
                         np.asarray(d.phase), np.full(len(d), f"{d.model.name} tp{d.tp}"),
                         split_groups(d.config, holdout, seed + 1), requests.mask.any(1),
                         None if dataset_weights is None else np.asarray(dataset_weights[i], np.float64)))

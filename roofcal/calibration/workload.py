@@ -486,3 +486,27 @@ def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSett
         reports.append(rep)
     table = pd.concat(rows, ignore_index=True)
     return table, mape(table), within_10_count(table), reports
+
+
+def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -> list[dict]:
+    """Per run: the offered rate (its busiest stage), the rate its deployment sustains for the
+    run's requests (:func:`roofcal.model.serving.saturation` of the busiest stage's load, KV
+    blocks from the run's server description or ``roofcal capacity``), what limits it, and
+    whether the run is predicted to overload."""
+    from roofcal.blis.run import model_config_folder
+    from roofcal.physics.capacity import capacity
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(coeffs.gpu)
+    rows = []
+    for e in exps:
+        spec = load_model(model_config_folder(e, model_configs) / "config.json")
+        kv = e.server.kv_blocks or capacity(spec, gpu, int(e.tp), max_num_batched_tokens=e.max_num_batched_tokens,
+                                            max_num_seqs=e.max_num_seqs).kv_blocks
+        loads = serving.loads_of(e, seed)
+        busiest = max(loads, key=lambda ld: ld.rate)
+        s = serving.saturation(coeffs.params, spec, gpu, int(e.tp), busiest, kv)
+        rows.append({"experiment": e.name, "offered_rate": busiest.rate, "saturation_rate": s.rate,
+                     "limit": s.limit, "running_at_limit": s.running, "predicted_overload": busiest.rate > s.rate,
+                     "measured_overload": e.overload})
+    return rows

@@ -152,10 +152,54 @@ def cmd_validate(a) -> None:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(validation_text(v))
+    if a.coeffs:
+        _print_saturation(a, exps, settings)
     _print_commands(v, a.keep)
     if a.out:
         write_validation_csv(v, a.out)
         print(f"wrote {a.out}")
+
+
+def _print_saturation(a, exps, settings) -> None:
+    """Each run's offered rate next to the rate its deployment sustains (the native model)."""
+    from roofcal.calibration.workload import saturation_rows
+    from roofcal.model import coeffs as coeff_io
+    from roofcal.tables import table
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    rows = saturation_rows(c, exps, settings.model_configs, settings.seed)
+    print("\nWhere each deployment saturates for its run's requests (steady state of the native model, "
+          "busiest stage; roofcal workload saturation):\n")
+    print(table([{"experiment": r["experiment"] + (" (overload)" if r["measured_overload"] else ""),
+                  "offered req/s": r["offered_rate"], "sustains req/s": r["saturation_rate"],
+                  "limit": r["limit"], "predicted overload": "yes" if r["predicted_overload"] else "no"}
+                 for r in rows], ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload"]))
+
+
+def cmd_saturation(a) -> None:
+    from roofcal.errors import RoofcalError
+    from roofcal.model import coeffs as coeff_io
+    from roofcal.model.serving import Load, saturation
+    from roofcal.physics.capacity import capacity
+    from roofcal.physics.config import check_tp, load_model
+    from roofcal.physics.hardware import load_gpu
+    for name in ("prompt", "output", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(a, name) < 1:
+            raise RoofcalError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(a, name)}")
+    if not 0 <= a.cached < a.prompt:
+        raise RoofcalError(f"--cached must be in [0, --prompt), got {a.cached}")
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    spec, gpu = load_model(a.model), load_gpu(a.gpu or c.gpu)
+    c.check_gpu(gpu, where="--gpu")
+    check_tp(spec, a.tp)
+    kv = a.kv_blocks or capacity(spec, gpu, a.tp, max_num_batched_tokens=a.max_num_batched_tokens,
+                                 max_num_seqs=a.max_num_seqs).kv_blocks
+    load = Load(rate=1.0, duration=1.0, prompt=float(a.prompt), cached=float(a.cached), output=float(a.output),
+                max_seqs=a.max_num_seqs, budget=a.max_num_batched_tokens)
+    s = saturation(c.params, spec, gpu, a.tp, load, kv)
+    print(f"{spec.name} TP{a.tp} on {gpu.name} (stack {c.stack}), {a.prompt}-token prompts ({a.cached} cached), "
+          f"{a.output} output tokens: sustains {s.rate:.2f} requests/s; limited by {s.limit} "
+          f"({s.running:.0f} running, cycle {s.cycle_us / 1000:.1f} ms; KV blocks {kv:,}: "
+          f"{s.kv_limit:.0f} requests fit)")
 
 
 def cmd_calibrate(a) -> None:
@@ -245,7 +289,7 @@ def _calibration_options(s) -> None:
 
 
 def register(sub) -> None:
-    """Add ``workload`` (trace, validate, calibrate, lomo) to the ``roofcal`` subcommands."""
+    """Add ``workload`` (trace, validate, saturation, calibrate, lomo) to the ``roofcal`` subcommands."""
     from roofcal.calibration import WORKLOAD_DEFAULTS
     w = sub.add_parser("workload", help="serving runs as BLIS traces, replayed in BLIS; serving-stack calibration")
     ws = w.add_subparsers(dest="workload_command", required=True)
@@ -273,6 +317,24 @@ def register(sub) -> None:
     s.add_argument("--keep", metavar="DIR", help="keep each run's trace, defaults.yaml, metrics and log in DIR")
     s.set_defaults(func=cmd_validate, outputs=[("out", "file", "validation CSV (--out)"),
                                                ("keep", "dir", "folder of kept runs (--keep)")])
+
+    s = ws.add_parser("saturation", help="the largest request rate a deployment sustains for a workload",
+                      description="The largest request rate the steady state of the native model sustains for "
+                                  "a workload on a deployment, and what limits it (max_num_seqs, the KV cache or "
+                                  "the token budget).")
+    s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its serving stack)")
+    s.add_argument("--stack", metavar="NAME", help="its serving stack (default: the file's own)")
+    s.add_argument("--model", required=True, help="bundled model name or config.json")
+    s.add_argument("--gpu", help="GPU (default: the coefficient file's)")
+    s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    s.add_argument("--prompt", type=int, required=True, help="prompt tokens per request")
+    s.add_argument("--cached", type=int, default=0, help="of them in the prefix cache (default 0)")
+    s.add_argument("--output", type=int, required=True, help="generated tokens per request")
+    s.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's max_num_seqs (default 256)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="vLLM's token budget per step (default 8192)")
+    s.add_argument("--kv-blocks", type=int, help="GPU KV blocks (default: roofcal capacity, vLLM's rule)")
+    s.set_defaults(func=cmd_saturation)
 
     s = ws.add_parser("calibrate", help="fit a serving stack and BLIS's alphas to serving runs, BLIS in the loop",
                       description="Fit the serving-stack layer of a coefficient file (CPU work, launch gaps, "

@@ -190,3 +190,49 @@ def blis_alpha0(api_us: float, cycle_us: float, first_token_cycles: float) -> fl
     the part of the first-token delay BLIS does not simulate. α0 only delays a request's entry
     into the queue, so with open-loop arrivals it adds exactly to TTFT and E2E."""
     return float(api_us) + float(first_token_cycles) * float(cycle_us)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """Where a deployment saturates for a workload: the largest request rate it sustains
+    (``rate``, requests/s), what limits it (``limit``: ``max_num_seqs``, ``kv_cache`` or
+    ``token_budget``), the running requests there (``running``) and the cycle (``cycle_us``)."""
+
+    rate: float
+    limit: str
+    running: float
+    cycle_us: float
+    kv_limit: float          # requests whose KV fits at once (mean context), ∞ without a KV size
+
+
+def saturation(params: dict, model, gpu, tp: int, load: Load, kv_blocks: int | None = None,
+               block: int = 16) -> Saturation:
+    """The largest rate the steady state sustains for ``load``'s requests (its ``rate`` is not
+    used): concurrency D = λ·(output − 1)·τ(D) grows with λ until it reaches the smaller of
+    ``max_seqs`` and the requests whose KV blocks fit (``kv_blocks`` ÷ ⌈(prompt + output/2) /
+    block⌉, the mean context); there τ = t_decode(D) + f·(t_mixed(D) − t_decode(D)) with the
+    prefill share f = k·D/(output − 1) (k chunked steps per prompt), so λ* = D / ((output − 1)·τ).
+    If f would exceed 1 first, prefills fill every step: λ* = 1 / (k·t_mixed(D)) (``token_budget``).
+    Step times from the native model (µs)."""
+    from roofcal.model.combine import step_breakdown
+    grid = step_grid(load)
+    t = np.asarray(step_breakdown(params, model, gpu, tp, grid)["total"], np.float64)
+    n = load.max_seqs + 1
+    t_dec, t_mix = t[:n], t[n:]
+    kv_limit = math.inf
+    if kv_blocks:
+        kv_limit = kv_blocks / math.ceil((load.prompt + load.output / 2.0) / block)
+    d_max = float(min(load.max_seqs, kv_limit))
+    limit = "max_num_seqs" if load.max_seqs <= kv_limit else "kv_cache"
+    chunks = _chunks(load)
+    d_grid = np.arange(n, dtype=np.float64)
+    k = float(np.interp(d_max, d_grid, chunks))
+    f = k * d_max / max(load.output - 1.0, 1.0)
+    td, tm = float(np.interp(d_max, d_grid, t_dec)), float(np.interp(d_max, d_grid, t_mix))
+    if f >= 1.0:                                    # every step prefills: the budget binds
+        # with f = 1, D = (output − 1)/k running and τ = t_mixed(D)
+        d = min(d_max, max(load.output - 1.0, 1.0) / k)
+        tm = float(np.interp(d, d_grid, t_mix))
+        return Saturation(1e6 / (k * tm), "token_budget", d, tm, kv_limit)
+    tau = td + f * (tm - td)
+    return Saturation(d_max / (max(load.output - 1.0, 1.0) * tau) * 1e6, limit, d_max, tau, kv_limit)

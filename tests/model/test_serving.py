@@ -107,3 +107,43 @@ def test_loads_follow_the_rebuilt_schedule():
     assert loads[0].cached < loads[1].cached and loads[0].output == loads[1].output == 247
     # a prompt computes its last partial block: 1–16 tokens, ≈ 8.5 on average
     assert loads[1].new_tokens == round(loads[1].prompt - loads[1].cached) and 7 <= loads[1].new_tokens <= 10
+
+
+def test_saturation_rate_by_hand():
+    """Flat steps of τ = 10 ms (a planted model: every kernel 0, overhead 10 ms per step): at
+    max_num_seqs D = 64 the rate is D / ((O − 1) τ) = 64 / (100 × 0.010) = 64 req/s; with KV for
+    only 32 requests (⌈(600 + 50)/16⌉ = 41 blocks each, 1,312 blocks) it halves, limited by the KV
+    cache; with 50-token outputs every step would prefill first (k·D/(O−1) > 1): the token budget
+    binds at 1/(k·τ) = 100 req/s."""
+    import jax.numpy as jnp
+    from roofcal.model import correction as K
+    from roofcal.model.serving import saturation
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    ops = {}                                   # no kernel corrections: the roofline
+    step = K.neutral_step_params()
+    step["overheads"] = step["overheads"].at[K.STEP_OVERHEADS.index("step_us")].set(jnp.log(10_000.0))
+    params = {"ops": ops, "step": step}
+    spec, gpu = load_model("llama-2-7b-hf"), load_gpu("h100_sxm")
+    # scale the kernels to ~0 so a step is its 10 ms overhead
+    params["step"]["scales"] = jnp.full_like(params["step"]["scales"], jnp.log(1e-6))
+    ld = Load(rate=1.0, duration=1.0, prompt=600, cached=592, output=101, max_seqs=64, budget=2048)
+    s = saturation(params, spec, gpu, 1, ld)
+    assert s.limit == "max_num_seqs" and s.running == 64
+    assert s.cycle_us == pytest.approx(10_000.0, rel=1e-3) and s.rate == pytest.approx(64.0, rel=1e-3)
+    s = saturation(params, spec, gpu, 1, ld, kv_blocks=32 * 41)
+    assert s.limit == "kv_cache" and s.running == pytest.approx(32.0) and s.rate == pytest.approx(32.0, rel=1e-3)
+    short = Load(rate=1.0, duration=1.0, prompt=600, cached=592, output=51, max_seqs=64, budget=2048)
+    s = saturation(params, spec, gpu, 1, short)
+    assert s.limit == "token_budget" and s.rate == pytest.approx(100.0, rel=1e-3)
+
+
+@pytest.mark.skipif(not RUNS.is_dir(), reason="experiments not found (../shared beside the project)")
+def test_overloaded_runs_are_predicted_to_saturate_below_their_offered_rate():
+    from roofcal import resources
+    from roofcal.calibration.workload import saturation_rows
+    from roofcal.measurements.workload import read_experiments
+    from roofcal.model import coeffs as C
+    rows = saturation_rows(C.load(resources.COEFFS / "h100_sxm.yaml"), read_experiments([RUNS]),
+                           resources.default_model_configs())
+    assert [r["predicted_overload"] for r in rows] == [r["measured_overload"] for r in rows]
