@@ -6,7 +6,8 @@ For a kernel with ideal compute time ``tc = FLOPs / peak`` and ideal memory time
     t = latency + smax_q(tc / eff_c(z), tm / eff_m(z)),   smax_q(a, b) = (a^q + b^q)^(1/q)
 
 * ``eff_c``, ``eff_m`` ∈ (0, 1): achieved fraction of the compute / memory peak. Each is a logistic
-  function of a polynomial (degree ≤ 3) in the kernel's standardized log-shape
+  function of a polynomial (degree 4 for GEMM, decode attention and MoE, 3 for prefill attention
+  and all-reduce: :data:`OP_KINDS`) in the kernel's standardized log-shape
   ``z_j = (log2(1 + x_j) − c_j) / s_j`` (for a GEMM ``x = (m, n, k)``). Small kernels run far
   below peak (low occupancy, tile and wave quantization) and the surface learns where and how fast
   efficiency rises with the amount of work. Outside the shapes seen in fitting ``z`` is clamped to
@@ -90,7 +91,7 @@ GPU_OVERHEADS = ("layer_us", "allreduce_peer_us")
 CPU_OVERHEADS = tuple(n for n in STEP_OVERHEADS if n not in GPU_OVERHEADS)
 #: kernel groups with a step-level scale, and the breakdown components in each
 STEP_SCALES = {
-    "gemm": ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "shared_up", "shared_down", "lm_head"),
+    "gemm": ("qkv_proj", "o_proj", "router", "mlp_up", "mlp_down", "shared_up", "shared_down", "lm_head"),
     "attention": ("attn_prefill", "attn_decode"),
     "moe": ("moe",),
     "allreduce": ("allreduce",),

@@ -43,9 +43,10 @@ row-parallel (split by TP); KV heads split by TP and replicated when fewer than 
 and the LM head vocab-parallel (vocabulary padded to a multiple of 64, then split; a tied LM head
 is the embedding); routed experts split by TP (each expert's intermediate width sharded, vLLM's
 default without expert parallelism); shared experts split; MoE router, norms and MLA's latent
-down-projections replicated. Linear layers in the weight dtype; embeddings, LM head, router and
-norms unquantised (activation dtype). Quantisation scales and per-head q/k norms are ignored
-(< 0.1 %).
+down-projections replicated. Linear layers in the weight dtype, except those a quantised
+checkpoint leaves unquantised (``quantization_config.ignore`` and the like, ``ModelSpec.unquantized``:
+Llama-4-Scout FP8's QKV and O); embeddings, LM head, router and norms unquantised (activation
+dtype). Quantisation scales and per-head q/k norms are ignored (< 0.1 %).
 
 **KV bytes per token per GPU**: GQA / MHA / MQA: layers × KV heads per GPU × (K + V head dims) ×
 KV bytes; MLA: layers × (kv_lora_rank + qk_rope_head_dim) × KV bytes, the latent replicated on
@@ -188,7 +189,8 @@ def weights_bytes_per_gpu(model: ModelSpec, tp: int, weight_dtype: str | None = 
     "model weights take … GiB").
 
     Linear layers (attention, dense MLP ``m·d·I/tp``, routed experts ``E·m·d·I_moe/tp``, shared
-    experts ``m·d·I_shared/tp``) in the weight dtype; embedding and LM head ``rows/GPU × d``,
+    experts ``m·d·I_shared/tp``) in the weight dtype, or in the activation dtype when the checkpoint
+    leaves them unquantised (``ModelSpec.unquantized``); embedding and LM head ``rows/GPU × d``,
     router ``d × E``, RMSNorms (2 per layer + final) in the activation dtype.
     Llama-2-7B TP 1 (fp16): 32 × (67,108,864 + 3·4096·11008 + 2·4096) + 2 · 32000·4096 + 4096 =
     6,738,415,616 parameters → 13,476,831,232 bytes (12.55 GiB).
@@ -197,14 +199,23 @@ def weights_bytes_per_gpu(model: ModelSpec, tp: int, weight_dtype: str | None = 
     d, m = model.hidden, model.mlp_matrices
     wb, ab = weight_dtype_bytes(model, weight_dtype), float(model.act_bytes)
     attn_linear, attn_norms = attention_params_per_gpu(model, tp)
+    o_proj = model.num_heads // tp * model.v_dim * d
     dense_mlp = m * d * model.intermediate / tp
     moe_linear = (model.num_experts * m * d * model.moe_intermediate + m * d * model.shared_intermediate) / tp
     router = d * model.num_experts
     linear = (model.num_layers * attn_linear + model.num_dense_layers * dense_mlp
               + model.num_moe_layers * moe_linear)
+    # linear layers the checkpoint leaves unquantised move from the weight to the activation dtype
+    parts = {"qkv_proj": model.num_layers * (attn_linear - o_proj), "o_proj": model.num_layers * o_proj,
+             "mlp_up": model.num_dense_layers * (m - 1) * d * model.intermediate / tp,
+             "mlp_down": model.num_dense_layers * d * model.intermediate / tp,
+             "shared_up": model.num_moe_layers * (m - 1) * d * model.shared_intermediate / tp,
+             "shared_down": model.num_moe_layers * d * model.shared_intermediate / tp,
+             "moe": model.num_moe_layers * model.num_experts * m * d * model.moe_intermediate / tp}
+    unquantized = sum(v for c, v in parts.items() if c in model.unquantized)
     vocab = vocab_rows_per_gpu(model, tp) * d * (1 if model.tie_word_embeddings else 2)
     plain = (vocab + model.num_moe_layers * router + model.num_layers * (2 * d + attn_norms) + d)
-    return int(round(linear * wb + plain * ab))
+    return int(round((linear - unquantized) * wb + (plain + unquantized) * ab))
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str = "auto") -> int:

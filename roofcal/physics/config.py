@@ -16,14 +16,21 @@ Conventions chosen where configs are ambiguous (each documented in the README):
 * ``first_k_dense_replace = f`` makes the first ``f`` layers dense (DeepSeek, GLM).
 * Llama-4 MoE layers carry one shared expert of width ``intermediate_size``; DeepSeek-style models
   ``n_shared_experts × moe_intermediate_size``; Qwen-MoE ``shared_expert_intermediate_size``.
+* A quantised checkpoint's ``quantization_config.ignore`` (compressed-tensors; ``ignored_layers`` /
+  ``modules_to_not_convert`` / ``exclude_modules`` for other quantisers) names modules vLLM runs
+  unquantised; they are mapped to step components in :func:`_unquantized` (Llama-4-Scout FP8:
+  QKV, O and the router run in bf16). W8A8 checkpoints quantise each GEMM input to FP8 first
+  (:func:`_act_quant`); the GEMM then reads 1-byte inputs.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from roofcal import resources
 from roofcal.errors import RoofcalError
@@ -75,6 +82,9 @@ class ModelSpec:
     v_head_dim: int = 0               # value head size when it differs (MLA); 0 → head_dim
     kv_lora_rank: int = 0             # MLA latent KV width (elements per token per layer)
     qk_rope_head_dim: int = 0         # MLA decoupled rope key width
+    # quantized checkpoints: which GEMMs vLLM runs unquantised, and how activations are quantised
+    unquantized: tuple[str, ...] = ()  # components of UNQUANTIZABLE left in the activation dtype
+    act_quant: str = ""               # FP8 activation scales: "" (none), "tensor", "token", "group"
     config_path: str = field(default="", compare=False)   # where it was read from
 
     @property
@@ -111,6 +121,16 @@ class ModelSpec:
     @property
     def mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2
+
+    @property
+    def plain_dtype(self) -> str:
+        """GEMM variant of an unquantised linear layer: the activation dtype (bf16, else fp32)."""
+        return "bf16" if self.act_bytes == 2.0 else "fp32"
+
+    def is_quantized(self, component: str) -> bool:
+        """Whether the linear layers of ``component`` (a name of :data:`UNQUANTIZABLE`) run in the
+        weight format (``weight_dtype``, ``weight_bytes``) rather than unquantised."""
+        return self.weight_dtype != self.plain_dtype and component not in self.unquantized
 
     def with_kv_bytes(self, kv_bytes: float) -> "ModelSpec":
         return replace(self, kv_bytes=float(kv_bytes))
@@ -200,10 +220,178 @@ def _weight_format(cfg: dict, path, name: str, act_bytes: float) -> tuple[float,
     return act_bytes, ("bf16" if act_bytes == 2.0 else "fp32")
 
 
-def _moe_layout(cfg: dict, path, num_layers: int, num_experts: int) -> int:
-    """Number of MoE layers (see module docstring for the conventions)."""
+# --------------------------------------------------------------------------------------------
+# quantised checkpoints: activation quantisation and the modules left unquantised
+
+#: activation dtypes of W8A8 schemes: the bytes per element a quantised GEMM reads its input in
+ACT_QUANT_BYTES = 1.0
+
+
+def _act_quant(q, weight_dtype: str) -> str:
+    """How vLLM quantises the activations of each quantised GEMM: "" (not: weight-only), or the
+    FP8 scale granularity "tensor", "token" or "group". Only 8-bit weights with 8-bit
+    activations (W8A8) quantise activations; weight-only formats (int4, W8A16) feed the GEMM
+    its bf16 input. A W8A8 GEMM reads 1-byte inputs (:func:`roofcal.physics.decompose.linear_format`).
+
+    * compressed-tensors: ``config_groups.*.input_activations`` (``num_bits`` 8) with its
+      ``strategy`` (``token`` for the Llama-4-Scout FP8-dynamic checkpoint); no
+      ``input_activations`` is weight-only;
+    * ``fp8`` (vLLM ``Fp8Config``): ``weight_block_size`` → per-token groups (1×128 for
+      DeepSeek-style block FP8); otherwise one scale per tensor;
+    * ``fbgemm_fp8``: per token; ``modelopt``: per tensor;
+    * no ``quantization_config`` but an FP8 / W8A8 name: per token.
+    """
+    if weight_dtype not in ("fp8", "fp8_block"):
+        return ""
+    if not isinstance(q, dict):
+        return "token"
+    method = str(q.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        groups = q.get("config_groups") or {}
+        for key in sorted(groups):
+            g = groups[key] or {}
+            if "num_bits" not in (g.get("weights") or {}):
+                continue
+            a = g.get("input_activations")
+            if not isinstance(a, dict) or a.get("num_bits") != 8:
+                return ""
+            strategy = str(a.get("strategy", "tensor")).lower()
+            return strategy if strategy in ("token", "group") else "tensor"
+        return ""
+    if method == "fp8":
+        return "group" if q.get("weight_block_size") else "tensor"
+    if method == "fbgemm_fp8":
+        return "token"
+    if method == "modelopt":
+        return "tensor"
+    return ""
+
+
+#: roofcal's linear layers that a checkpoint may leave unquantised (components of
+#: :func:`roofcal.physics.decompose.step_ops`; ``moe`` = the routed experts)
+UNQUANTIZABLE = ("qkv_proj", "o_proj", "mlp_up", "mlp_down", "shared_up", "shared_down", "router",
+                 "moe")
+
+#: MoE architectures whose router vLLM builds unquantised whatever the checkpoint says (vLLM 0.14:
+#: ``ReplicatedLinear(..., quant_config=None)`` in llama4.py, mixtral.py, deepseek_v2.py; an FP32
+#: ``nn.Linear`` in glm4_moe.py). Others (qwen3_moe.py) quantise it unless the config ignores it.
+PLAIN_ROUTER_MODEL_TYPES = ("llama4", "mixtral", "deepseek", "glm")
+
+#: where decoder layer ``i`` lives in checkpoints (``language_model.`` for multimodal wrappers)
+_LAYER_PREFIXES = ("model.layers.{i}", "language_model.model.layers.{i}",
+                   "model.language_model.layers.{i}", "transformer.h.{i}", "gpt_neox.layers.{i}",
+                   "model.decoder.layers.{i}")
+_ATTN = ("self_attn", "attn", "attention", "self_attention")
+_FFN = ("mlp", "feed_forward", "block_sparse_moe")
+_SHARED = ("shared_expert", "shared_experts")
+
+
+def _module_sets(component: str, mla: bool, gated: bool) -> list[tuple[str, ...]]:
+    """Alternative sets of checkpoint module names (relative to one layer; ``{a}`` attention,
+    ``{f}`` feed-forward, ``{s}`` shared-expert module) that make up ``component``."""
+    if component == "qkv_proj":
+        if mla:
+            return [("{a}.q_proj", "{a}.kv_a_proj_with_mqa", "{a}.kv_b_proj"),
+                    ("{a}.q_a_proj", "{a}.q_b_proj", "{a}.kv_a_proj_with_mqa", "{a}.kv_b_proj")]
+        return [("{a}.q_proj", "{a}.k_proj", "{a}.v_proj"), ("{a}.qkv_proj",),
+                ("{a}.query_key_value",), ("{a}.c_attn",), ("{a}.Wqkv",)]
+    if component == "o_proj":
+        return [("{a}.o_proj",), ("{a}.dense",), ("{a}.c_proj",), ("{a}.out_proj",)]
+    if component == "mlp_up":
+        if gated:
+            return [("{f}.gate_proj", "{f}.up_proj"), ("{f}.gate_up_proj",)]
+        return [("{f}.up_proj",), ("{f}.fc1",), ("{f}.c_fc",), ("{f}.dense_h_to_4h",)]
+    if component == "mlp_down":
+        return [("{f}.down_proj",), ("{f}.fc2",), ("{f}.c_proj",), ("{f}.dense_4h_to_h",)]
+    if component == "shared_up":
+        return [("{f}.{s}.gate_proj", "{f}.{s}.up_proj"), ("{f}.{s}.gate_up_proj",)]
+    if component == "shared_down":
+        return [("{f}.{s}.down_proj",)]
+    if component == "router":
+        return [("{f}.gate",), ("{f}.router",)]
+    return [("{f}.experts",)]                                         # moe
+
+
+def _ignore_rule(q) -> Callable[[str], bool] | None:
+    """A predicate on checkpoint module names: is this module left unquantised? ``None`` when the
+    ``quantization_config`` lists none. vLLM's matching (0.14), per key:
+
+    * ``ignore`` (compressed-tensors): equal, or ``re:<pattern>`` matching from the start of the
+      name (``re.match``), e.g. ``re:.*self_attn.*``;
+    * ``ignored_layers`` (fp8), and ``modules_to_not_convert`` when ``quant_method`` is fp8:
+      equal;
+    * ``modules_to_not_convert`` (awq, gptq, bitsandbytes, …): a substring of the name;
+    * ``exclude_modules`` (modelopt): equal, a substring, or an ``fnmatch`` wildcard.
+    """
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    exact, regex, substr, wild = set(), [], [], []
+    for key in ("ignore", "ignored_layers", "modules_to_not_convert", "exclude_modules"):
+        entries = q.get(key)
+        if not isinstance(entries, list):
+            continue
+        for e in entries:
+            if not isinstance(e, str) or not e:
+                continue
+            if key == "ignore" and e.startswith("re:"):
+                regex.append(re.compile(e[3:]))
+            elif key == "ignore" or key == "ignored_layers" or method == "fp8":
+                exact.add(e)
+            elif key == "modules_to_not_convert":
+                substr.append(e)
+            else:                                              # exclude_modules
+                exact.add(e)
+                substr.append(e)
+                wild.append(e)
+    if not (exact or regex or substr or wild):
+        return None
+
+    def ignored(module: str) -> bool:
+        return (module in exact or any(r.match(module) for r in regex)
+                or any(e in module for e in substr)
+                or any(fnmatch.fnmatchcase(module, w) for w in wild))
+    return ignored
+
+
+def _unquantized(q, model_type: str, num_layers: int, moe_layers: list[int], mla: bool,
+                 gated: bool, is_moe: bool) -> tuple[str, ...]:
+    """Components of :data:`UNQUANTIZABLE` that vLLM runs unquantised in a quantised checkpoint.
+
+    A component is unquantised when, under one naming convention (layer prefix × attention /
+    feed-forward module names, e.g. ``language_model.model.layers.{i}.self_attn.q_proj``), every
+    module making it is ignored (:func:`_ignore_rule`) in every layer that has it: attention in
+    all layers, the dense MLP in the dense layers, router / experts / shared expert in the MoE
+    layers. A component ignored in only some layers stays quantised (a step gives each component
+    one format). The router is also unquantised for :data:`PLAIN_ROUTER_MODEL_TYPES`. (The LM
+    head is always unquantised: vLLM quantises linear layers only.)
+    """
+    rule = _ignore_rule(q)
+    out = []
+    dense_layers = [i for i in range(num_layers) if i not in set(moe_layers)]
+    for comp in UNQUANTIZABLE:
+        if comp in ("router", "moe", "shared_up", "shared_down"):
+            layers = moe_layers if is_moe else []
+        elif comp in ("mlp_up", "mlp_down"):
+            layers = dense_layers
+        else:
+            layers = list(range(num_layers))
+        plain = comp == "router" and is_moe and model_type.startswith(PLAIN_ROUTER_MODEL_TYPES)
+        if not plain and rule is not None and layers:
+            plain = any(
+                all(rule(prefix.format(i=i) + "." + name.format(a=a, f=f, s=s))
+                    for i in layers for name in names)
+                for names in _module_sets(comp, mla, gated) for prefix in _LAYER_PREFIXES
+                for a in _ATTN for f in _FFN for s in _SHARED)
+        if plain:
+            out.append(comp)
+    return tuple(out)
+
+
+def _moe_layers(cfg: dict, path, num_layers: int, num_experts: int) -> list[int]:
+    """Indices (0-based) of the MoE layers (see module docstring for the conventions)."""
     if num_experts < 2:
-        return 0
+        return []
     step = _pick(cfg, path, ["interleave_moe_layer_step"], default=0)
     first_dense = _pick(cfg, path, ["first_k_dense_replace"], default=0)
     sparse_step = _pick(cfg, path, ["decoder_sparse_step", "moe_layer_freq"], default=1)
@@ -216,7 +404,7 @@ def _moe_layout(cfg: dict, path, num_layers: int, num_experts: int) -> int:
         moe = [i for i in layers if (i + 1) % step == 0]
     else:
         moe = [i for i in layers if i >= first_dense and (i + 1) % max(sparse_step, 1) == 0]
-    return len([i for i in moe if i not in set(only_dense)])
+    return [i for i in moe if i not in set(only_dense)]
 
 
 def parse_config(raw: dict, path: str | Path = "<config>", name: str | None = None) -> ModelSpec:
@@ -275,11 +463,13 @@ def parse_config(raw: dict, path: str | Path = "<config>", name: str | None = No
             break
     topk = _pick(cfg, path, ["num_experts_per_tok", "moe_topk", "top_k"], default=0)
     moe_inter = shared = n_moe = 0
+    moe_layers: list[int] = []
     dense_inter = inter
     if experts >= 2:
         if topk < 1 or topk > experts:
             raise RoofcalError(f"{path}: field 'num_experts_per_tok'={topk} must be in [1, {experts}]")
-        n_moe = _moe_layout(cfg, path, layers, experts)
+        moe_layers = _moe_layers(cfg, path, layers, experts)
+        n_moe = len(moe_layers)
         if model_type.startswith("llama4"):
             moe_inter = inter
             dense_inter = _pick(cfg, path, ["intermediate_size_mlp"], default=inter)
@@ -305,6 +495,13 @@ def parse_config(raw: dict, path: str | Path = "<config>", name: str | None = No
         head_dim = qk or head_dim
     tie = bool(cfg.get("tie_word_embeddings", False))
 
+    q = cfg.get("quantization_config")
+    act_quant = _act_quant(q, weight_dtype)
+    unquantized: tuple[str, ...] = ()
+    if weight_dtype != ("bf16" if act_bytes == 2.0 else "fp32"):
+        unquantized = _unquantized(q, model_type, layers, moe_layers, kv_lora > 0, gated,
+                                   experts >= 2 and n_moe > 0)
+
     return ModelSpec(
         name=name, num_layers=layers, hidden=hidden, num_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate=dense_inter, vocab_size=vocab, gated_mlp=gated,
@@ -313,6 +510,7 @@ def parse_config(raw: dict, path: str | Path = "<config>", name: str | None = No
         experts_per_tok=topk if experts >= 2 else 0, moe_intermediate=moe_inter,
         shared_intermediate=shared, num_moe_layers=n_moe, v_head_dim=v_head if v_head != head_dim else 0,
         kv_lora_rank=kv_lora, qk_rope_head_dim=rope_dim if kv_lora else 0,
+        unquantized=unquantized, act_quant=act_quant,
     )
 
 

@@ -1,13 +1,24 @@
 """One vLLM step of a model at TP degree ``tp`` → the kernel calls it is made of.
 
 For every layer vLLM runs: the QKV projection, attention (one prefill and one decode call), the
-output projection, an all-reduce (TP > 1), the MLP (dense GEMMs, or the fused MoE kernel plus any
-shared expert) and a second all-reduce; around them memory-bound elementwise kernels. The LM head
-runs once per step on the sequences that sample. All GEMMs of a step see every token (prefill and
-decode tokens are fused), so ``m`` is the step's token count.
+output projection, an all-reduce (TP > 1), the MLP (dense GEMMs, or the router GEMM, the fused MoE
+kernel and any shared expert) and a second all-reduce; around them memory-bound elementwise
+kernels. The LM head runs once per step on the sequences that sample. All GEMMs of a step see
+every token (prefill and decode tokens are fused), so ``m`` is the step's token count.
 
 Per-GPU sizes follow Megatron-style TP as in vLLM: QKV / gate-up column-split, O / down row-split,
-KV heads split (replicated when fewer than TP), MLA latent KV replicated, vocabulary split.
+KV heads split (replicated when fewer than TP), MLA latent KV replicated, vocabulary split, router
+replicated.
+
+Quantised checkpoints (:func:`linear_format`): a GEMM runs in the weight format (variant
+``weight_dtype``, ``weight_bytes`` per weight) unless the checkpoint leaves it unquantised
+(``ModelSpec.unquantized``, from ``quantization_config.ignore`` and the like): then it is a bf16
+GEMM with 2-byte weights. A W8A8 GEMM reads its input as FP8 (1 byte per element), which a
+quantisation kernel wrote from the bf16 activations just before. That kernel is not a call of
+its own here: the per-op FP8 GEMM rows the GEMM correction is fitted on time vLLM's whole
+linear-layer forward (aiconfigurator's collector calls the layer: input quantisation, then the
+GEMM), so the fitted FP8 GEMM time holds it — at m = 32 an FP8 GEMM row takes 14–32 µs where
+bf16 takes 6.5 µs. The fused MoE kernel likewise quantises its own inputs inside the call.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ import math
 from typing import NamedTuple
 
 from roofcal.physics import components as C
-from roofcal.physics.config import ModelSpec, kv_heads_per_gpu
+from roofcal.physics.config import ACT_QUANT_BYTES, ModelSpec, kv_heads_per_gpu
 from roofcal.physics.steps import StepTotals
 
 
@@ -41,8 +52,18 @@ def attention_dims(model: ModelSpec, tp: int) -> dict:
                 kv_elems=kvh * (model.head_dim + model.v_dim))
 
 
-def gemm_variant(model: ModelSpec) -> str:
-    return model.weight_dtype
+def linear_format(model: ModelSpec, component: str) -> tuple[str, float, float]:
+    """(GEMM variant, bytes per weight, bytes per input element) of a linear ``component``.
+
+    Quantised (:meth:`ModelSpec.is_quantized`): the weight format, and input bytes 1 when
+    activations are quantised to FP8 (W8A8, ``act_quant``), else the activation dtype's.
+    Unquantised (bf16 checkpoint, or a module the checkpoint ignores): the activation dtype for
+    all three, e.g. Llama-4-Scout FP8's QKV / O / router → ("bf16", 2.0, 2.0).
+    """
+    if not model.is_quantized(component):
+        return model.plain_dtype, model.act_bytes, model.act_bytes
+    act_in = ACT_QUANT_BYTES if model.act_quant else model.act_bytes
+    return model.weight_dtype, model.weight_bytes, act_in
 
 
 def kv_variant(model: ModelSpec) -> str:
@@ -52,35 +73,44 @@ def kv_variant(model: ModelSpec) -> str:
 def step_ops(model: ModelSpec, tp: int, t: StepTotals) -> dict[str, OpCall]:
     """The kernel calls of one step, keyed by component name (the breakdown's columns)."""
     L, d = model.num_layers, model.hidden
-    ab, wb = model.act_bytes, model.weight_bytes
+    ab = model.act_bytes
     a = attention_dims(model, tp)
     tokens = t.tokens
-    gv = gemm_variant(model)
     q_width = a["heads"] * a["qk_dim"]
     kv_width = a["kv_heads"] * a["qk_dim"]
     qkv_n = q_width + kv_width + a["kv_heads"] * a["v_dim"]
+
+    def linear(name: str, n, k, layers) -> OpCall:
+        """A GEMM of ``tokens`` × k · k × n in the format of component ``name``."""
+        variant, w_bytes, in_bytes = linear_format(model, name)
+        return OpCall("gemm", variant, C.gemm(tokens, n, k, in_bytes, w_bytes, ab), layers)
+
     ops = {
-        "qkv_proj": OpCall("gemm", gv, C.gemm(tokens, qkv_n, d, ab, wb, ab), L),
+        "qkv_proj": linear("qkv_proj", qkv_n, d, L),
         "attn_prefill": OpCall("attn_prefill", kv_variant(model), C.prefill_attention(
             t.n_prefill, t.prefill_tokens, t.pairs, t.prefill_cached_tokens, a["heads"],
             a["kv_heads"], a["qk_dim"], a["v_dim"], a["kv_elems"], ab, model.kv_bytes), L),
         "attn_decode": OpCall("attn_decode", kv_variant(model), C.decode_attention(
             t.n_decode, t.decode_kv_tokens, a["heads"], a["kv_heads"], a["qk_dim"], a["v_dim"],
             a["kv_elems"], ab, model.kv_bytes), L),
-        "o_proj": OpCall("gemm", gv, C.gemm(tokens, d, a["heads"] * a["v_dim"], ab, wb, ab), L),
+        "o_proj": linear("o_proj", d, a["heads"] * a["v_dim"], L),
     }
     def mlp(prefix: str, width: float, layers: int) -> None:
         """A TP-split MLP: (gate+)up column-split, down row-split, ``width`` per GPU."""
         up = (model.mlp_matrices - 1) * width
-        ops[f"{prefix}_up"] = OpCall("gemm", gv, C.gemm(tokens, up, d, ab, wb, ab), layers)
-        ops[f"{prefix}_down"] = OpCall("gemm", gv, C.gemm(tokens, d, width, ab, wb, ab), layers)
+        ops[f"{prefix}_up"] = linear(f"{prefix}_up", up, d, layers)
+        ops[f"{prefix}_down"] = linear(f"{prefix}_down", d, width, layers)
 
     if model.num_dense_layers:
         mlp("mlp", model.intermediate / tp, model.num_dense_layers)
     if model.is_moe:
-        ops["moe"] = OpCall("moe", gv, C.moe(tokens, d, model.moe_intermediate,
+        # the router: tokens × hidden · hidden × experts, replicated on every GPU (vLLM's
+        # ReplicatedLinear), logits written in the activation dtype
+        ops["router"] = linear("router", model.num_experts, d, model.num_moe_layers)
+        mv, mwb, _ = linear_format(model, "moe")
+        ops["moe"] = OpCall("moe", mv, C.moe(tokens, d, model.moe_intermediate,
                                               model.experts_per_tok, model.num_experts, tp, 1.0,
-                                              wb, ab, model.mlp_matrices), model.num_moe_layers)
+                                              mwb, ab, model.mlp_matrices), model.num_moe_layers)
         if model.shared_intermediate:
             mlp("shared", model.shared_intermediate / tp, model.num_moe_layers)
     # the LM head runs in the activation dtype (vLLM keeps it unquantised)
@@ -101,14 +131,19 @@ def weight_bytes_per_gpu(model: ModelSpec, tp: int) -> float:
 
     Example: Llama-2-7B at TP 1: per layer 4·4096² (QKV, O) + 3·4096·11008 (MLP) = 202,375,168
     parameters, ×32 layers + 32000·4096 LM head = 6,607,077,376 parameters = 13.2 GB in fp16.
+    Each linear layer in its own format (:func:`linear_format`): the QKV / O projections a
+    quantised checkpoint ignores take 2 bytes per weight.
     """
     a = attention_dims(model, tp)
-    d = model.hidden
-    attn = d * (a["heads"] * a["qk_dim"] + a["kv_heads"] * (a["qk_dim"] + a["v_dim"])) \
-        + a["heads"] * a["v_dim"] * d
-    dense = model.mlp_matrices * d * model.intermediate / tp
-    moe = model.num_experts * model.mlp_matrices * d * model.moe_intermediate / tp \
-        + model.mlp_matrices * d * model.shared_intermediate / tp
+    d, m = model.hidden, model.mlp_matrices
+    wb = {c: linear_format(model, c)[1] for c in ("qkv_proj", "o_proj", "mlp_up", "mlp_down",
+                                                 "shared_up", "shared_down", "moe")}
+    qkv = d * (a["heads"] * a["qk_dim"] + a["kv_heads"] * (a["qk_dim"] + a["v_dim"]))
+    o = a["heads"] * a["v_dim"] * d
+    attn = qkv * wb["qkv_proj"] + o * wb["o_proj"]
+    dense = ((m - 1) * wb["mlp_up"] + wb["mlp_down"]) * d * model.intermediate / tp
+    moe = model.num_experts * m * d * model.moe_intermediate / tp * wb["moe"] \
+        + ((m - 1) * wb["shared_up"] + wb["shared_down"]) * d * model.shared_intermediate / tp
     layers = model.num_layers * attn + model.num_dense_layers * dense + model.num_moe_layers * moe
     lm_head = math.ceil(model.vocab_size / tp) * d
-    return layers * model.weight_bytes + lm_head * model.act_bytes
+    return layers + lm_head * model.act_bytes

@@ -66,6 +66,19 @@ def test_chunked_prefill_pairs_and_cache_read():
     assert float(t.pairs[0]) == 256 * 1024 + 256 * 257 / 2
     w = C.prefill_attention(1.0, 256.0, float(t.pairs[0]), 1024.0, 32, 8, 128, 128, 8 * 256)
     assert float(w.bytes) == 256 * 32 * 256 * 2 + (1024 + 512) * 2048 * 2
+    # its efficiency is looked up at the uncached chunk of the same pairs: n(n+1)/2 = 295,040
+    # → n = (√(8·295,040 + 1) − 1)/2 = 767.67 tokens; the cached length rides along unchanged
+    assert float(w.shape[1]) == pytest.approx(767.67, abs=0.01)
+    assert float(w.shape[2]) == 1024.0
+
+
+def test_cached_prefix_equivalent_chunk():
+    # one new token over 762 cached keys does the work of a 38.6-token uncached chunk
+    w = C.prefill_attention(1.0, 1.0, 762.0 + 1.0, 762.0, 16, 2, 128, 128, 2 * 256)
+    assert float(w.shape[1]) == pytest.approx((6105 ** 0.5 - 1) / 2)    # 38.57
+    # without a cache the equivalent chunk is the mean chunk: 3 chunks of 100 tokens
+    w = C.prefill_attention(3.0, 300.0, 3 * 100 * 101 / 2, 0.0, 16, 2, 128, 128, 2 * 256)
+    assert float(w.shape[1]) == pytest.approx(100.0)
 
 
 def test_mixtral_active_experts():
@@ -73,9 +86,9 @@ def test_mixtral_active_experts():
     assert float(C.expected_active_experts(2.0, 2, 8)) == pytest.approx(3.5)       # 8·(1−0.75²)
     assert float(C.expected_active_experts(16.0, 2, 8)) == pytest.approx(8 * (1 - 0.75 ** 16))
     assert float(C.expected_active_experts(1e6, 2, 8)) == pytest.approx(8.0)
-    # one token at TP 1: FLOPs 2 experts · 2·4096·14336·3 + router 2·4096·8
+    # one token at TP 1: FLOPs 2 experts · 2·4096·14336·3 (the router is a GEMM of its own)
     w = C.moe(1.0, 4096, 14336, 2, 8)
-    assert float(w.flops) == 2 * 2 * 4096 * 14336 * 3 + 2 * 4096 * 8
+    assert float(w.flops) == 2 * 2 * 4096 * 14336 * 3
     assert float(w.bytes) == pytest.approx(2 * 3 * 4096 * 14336 * 2 + 4096 * 2 * 2
                                            + 2 * (2 * 4096 + 3 * 14336) * 2)
 

@@ -22,7 +22,13 @@ def prefill_attention(seqs, new_tokens, pairs, cached_tokens, heads, kv_heads, q
     Bytes = Q read + O write: new·heads·(qk_dim + v_dim)·act_bytes
           + K,V read of prefix and chunk, and KV-cache write of the chunk:
             (cached + 2·new)·kv_elems·kv_bytes.
-    Shape descriptors: (seqs, new per seq, cached per seq, heads, kv_heads, qk_dim).
+    Shape descriptors: (seqs, equivalent chunk length per seq, cached per seq, heads, kv_heads,
+    qk_dim). The equivalent length n (tokens) is the uncached chunk with the same causal pairs as the
+    mean chunk, n(n+1)/2 = s(s+1)/2 + s·c for mean new s and mean cached c, i.e.
+    n = (√((2s+1)² + 8sc) − 1)/2; without a cache n = s. The per-op tables hold no cached prefix, so
+    the efficiency of a chunk over cached KV is looked up at the uncached chunk doing the same work
+    (one query over 762 cached keys: n ≈ 38.6) instead of at a one-token chunk, whose launch-bound
+    efficiency would otherwise be charged to all 762 keys.
 
     Example: one 128-token chunk, no cache, 32 heads of 128: pairs = 128·129/2 = 8256,
     FLOPs = 2·32·256·8256 = 135,266,304.
@@ -31,8 +37,9 @@ def prefill_attention(seqs, new_tokens, pairs, cached_tokens, heads, kv_heads, q
     nbytes = new_tokens * heads * (qk_dim + v_dim) * act_bytes \
         + (cached_tokens + 2.0 * new_tokens) * kv_elems * kv_bytes
     per_seq = seqs + (seqs == 0)
-    return Work(flops, nbytes, (seqs, new_tokens / per_seq, cached_tokens / per_seq, heads,
-                                kv_heads, qk_dim))
+    new, cached = new_tokens / per_seq, cached_tokens / per_seq
+    equivalent = 0.5 * (jnp.sqrt((2.0 * new + 1.0) ** 2 + 8.0 * new * cached) - 1.0)
+    return Work(flops, nbytes, (seqs, equivalent, cached, heads, kv_heads, qk_dim))
 
 
 def decode_attention(seqs, kv_tokens, heads, kv_heads, qk_dim, v_dim, kv_elems, act_bytes=2.0,

@@ -1,4 +1,9 @@
-"""Mixture-of-experts layer: router plus routed expert GEMMs (vLLM fused MoE), with routing physics.
+"""Mixture-of-experts layer: the routed expert GEMMs of vLLM's fused MoE kernel, with routing physics.
+
+The router GEMM that picks the experts is a separate kernel (a replicated linear layer before the
+fused MoE call), a GEMM of its own in a step (:func:`roofcal.physics.decompose.step_ops`); it is
+not part of this component, nor of the per-op MoE measurements (aiconfigurator's vLLM collector
+times ``fused_experts`` on precomputed top-k ids and weights).
 
 Routing decides two quantities on the busiest GPU (the one that sets the layer's time):
 ``pairs``, the (token, expert) pairs it computes, and ``active``, the distinct experts whose
@@ -59,17 +64,19 @@ def moe(tokens, hidden, inter, topk, experts, tp=1.0, ep=1.0, weight_bytes=2.0, 
     """Work of one MoE layer on the busiest GPU (experts split over ``ep``, each FFN over ``tp``).
 
     With ``i = inter/tp`` and (pairs, active) from :func:`routing`:
-    FLOPs = pairs·2·hidden·i·matrices (gate, up, down) + 2·tokens·hidden·experts (router).
+    FLOPs = pairs·2·hidden·i·matrices (gate, up, down); the router is not included (module
+    docstring).
     Bytes = active·matrices·hidden·i·weight_bytes (expert weights read)
-          + tokens·hidden·2·act_bytes + pairs·(2·hidden + 3·i)·act_bytes (activations).
+          + tokens·hidden·2·act_bytes + pairs·(2·hidden + 3·i)·act_bytes (activations; an FP8
+          kernel's quantisation of its inputs happens inside the call and is within these).
     Shape descriptors: (tokens, hidden, inter, topk, experts, tp, ep, skew).
 
     Example: Mixtral at TP 1, one token, balanced: 2 pairs on 2 experts,
-    FLOPs = 2·2·4096·14336·3 + 2·4096·8 = 704,708,608; expert weights 2·3·4096·14336·2 bytes.
+    FLOPs = 2·2·4096·14336·3 = 704,643,072; expert weights 2·3·4096·14336·2 bytes.
     """
     pairs, active = routing(tokens, topk, experts, ep, skew)
     i = inter / tp
-    flops = pairs * 2.0 * hidden * i * matrices + 2.0 * tokens * hidden * experts
+    flops = pairs * 2.0 * hidden * i * matrices
     nbytes = active * matrices * hidden * i * weight_bytes \
         + tokens * hidden * 2.0 * act_bytes + pairs * (2.0 * hidden + 3.0 * i) * act_bytes
     return Work(flops, nbytes, (tokens, hidden, inter, topk, experts, tp, ep, skew))
