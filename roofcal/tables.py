@@ -17,13 +17,16 @@ def table(rows: list[dict], columns: list[str], floats: str = "{:.2f}") -> str:
     return "\n".join(out)
 
 
-def metrics_table(metrics: dict) -> str:
-    """Held-out and train MAPE (and held-out p90, bias, n) per kernel and step phase."""
+def metrics_table(metrics: dict, kernel_sets: dict | None = None) -> str:
+    """Held-out and train MAPE (and held-out p90, bias, n) per kernel and step phase; with
+    ``kernel_sets`` ({set name: per-op metrics}), first each set's kernels, the set named."""
     rows = []
-    for key, h in metrics.get("heldout", {}).items():
-        t = metrics.get("train", {}).get(key, {})
-        rows.append({"component": key, "held-out MAPE %": h.get("mape"), "p90 %": h.get("p90"),
-                     "bias %": h.get("bias"), "n held out": h.get("n"),
-                     "train MAPE %": t.get("mape"), "n train": t.get("n")})
-    return table(rows, ["component", "held-out MAPE %", "p90 %", "bias %", "n held out",
-                        "train MAPE %", "n train"])
+    parts = [(name, m) for name, m in (kernel_sets or {}).items()] + [("", metrics)]
+    for name, m in parts:
+        for key, h in m.get("heldout", {}).items():
+            t = m.get("train", {}).get(key, {})
+            rows.append({"kernels": name, "component": key, "held-out MAPE %": h.get("mape"),
+                         "p90 %": h.get("p90"), "bias %": h.get("bias"), "n held out": h.get("n"),
+                         "train MAPE %": t.get("mape"), "n train": t.get("n")})
+    cols = ["component", "held-out MAPE %", "p90 %", "bias %", "n held out", "train MAPE %", "n train"]
+    return table(rows, (["kernels"] if kernel_sets else []) + cols)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -61,6 +62,7 @@ VAL = ["workload", "validate", EXP, "--blis", BLIS]
 CAL = ["workload", "calibrate", EXP, "--blis", BLIS, "--coeffs", "coeffs.yaml"]
 LOMO = ["workload", "lomo", EXP, "--blis", BLIS, "--coeffs", "coeffs.yaml"]
 TREAD = ["traces", "read", "trace.json", "-q"]
+SAT = ["workload", "saturation", "--model", "llama-2-7b-hf", "--tp", "1", "--prompt", "512", "--output", "128"]
 
 
 # ------------------------------------------------------------------------------------- inputs
@@ -82,16 +84,20 @@ def make_inputs(tmp: Path) -> None:
     w("list.yaml", "- a\n- b\n")
     w("bad.yaml", "a: [1, 2\n")
     w("table.csv", "a,b\n1,2\n")
+    w("ops.csv", "gpu,op,dtype,m,n,k,latency_us\nh100_sxm,gemm,bf16,64,4096,4096,20.0\n")
     w("list.json", "[]\n")
     w("object.json", '{"x": 1}\n')
     # coefficient files: a good copy and edited copies
     shutil.copy(COEFFS, tmp / "coeffs.yaml")
     text = COEFFS.read_text(encoding="utf-8")
     w("c_topkey.yaml", text + "bogus_key: 1\n")
-    _edit(COEFFS, tmp / "c_opkey.yaml", "  allreduce/custom:\n", "  allreduce/custom:\n    bogus_field: 3\n")
-    _edit(COEFFS, tmp / "c_opkind.yaml", "ops:\n", "ops:\n  bogus/kind:\n    latency_us: 1.0\n")
-    _edit(COEFFS, tmp / "c_schema.yaml", "schema: roofcal-coeffs/2", "schema: roofcal-coeffs/99")
-    _edit(COEFFS, tmp / "c_nan.yaml", "    latency_us: 4.49213209\n", "    latency_us: .nan\n")
+    _edit(COEFFS, tmp / "c_opkey.yaml", "      allreduce/custom:\n", "      allreduce/custom:\n        bogus_field: 3\n")
+    _edit(COEFFS, tmp / "c_opkind.yaml", "    ops:\n", "    ops:\n      bogus/kind:\n        latency_us: 1.0\n")
+    _edit(COEFFS, tmp / "c_schema.yaml", "schema: roofcal-coeffs/3", "schema: roofcal-coeffs/99")
+    first = re.search(r"\n {8}latency_us: [^\n]+\n", text).group(0)
+    _edit(COEFFS, tmp / "c_nan.yaml", first, "\n        latency_us: .nan\n")
+    kernels = re.search(r"\nkernels: [^\n]+\n", text).group(0)
+    _edit(COEFFS, tmp / "c_kernels.yaml", kernels, "\nkernels: vllm-9.9.9\n")
     # step files
     w("steps.jsonl", '{"prefill": [[2048, 0]], "decode": []}\n{"prefill": [], "decode": [512, 1024]}\n')
     w("stepsd.jsonl", '{"prefill": [[2048, 0]], "decode": [], "duration_us": 90000}\n'
@@ -211,6 +217,12 @@ CASES = [
       "--gpu", "ds_missing.yaml", "--tp", "1", "--out", "o.csv"),
     C("predict-stack-unknown", "predict", "--steps", "steps.jsonl", *M7, "--coeffs", "coeffs.yaml",
       "--stack", "nosuch", "--out", "o.csv"),
+    C("predict-kernels-unknown", "predict", "--steps", "steps.jsonl", *M7, "--coeffs", "coeffs.yaml",
+      "--kernels", "vllm-9.9.9", "--out", "o.csv"),
+    C("predict-ops-kernels-unknown", "predict", "--ops", "ops.csv", "--coeffs", "coeffs.yaml",
+      "--kernels", "vllm-9.9.9", "--out", "o.csv"),
+    C("predict-coeffs-default-kernels-missing", "predict", "--steps", "steps.jsonl", *M7, "--coeffs",
+      "c_kernels.yaml", "--out", "o.csv"),
     C("predict-no-input", "predict", "--out", "o.csv"),
     C("predict-out-under-file", "predict", "--steps", "steps.jsonl", *M7, "--out", "afile/o.csv"),
     C("predict-out-is-dir", "predict", "--steps", "steps.jsonl", *M7, "--out", "adir"),
@@ -237,6 +249,8 @@ CASES = [
     C("fit-stack-from-missing-file", *FIT, *STEPS_D, "--stack-from", "nope.yaml:vllm", "--out", "f.yaml"),
     C("fit-requests-missing", *FIT, *STEPS_D, "--requests", "nope.csv", "--out", "f.yaml"),
     C("fit-step-target-unknown", *FIT, *STEPS_D, "--step-target", "bogus", "--out", "f.yaml"),
+    C("fit-kernels-unknown", *FIT, *STEPS_D, "--prior", "coeffs.yaml", "--kernels", "vllm-9.9.9", "--out", "f.yaml"),
+    C("fit-max-rows-0", *FIT, *STEPS_D, "--max-rows", "0", "--out", "f.yaml"),
     C("fit-out-under-file", *FIT, *STEPS_D, "--out", "afile/f.yaml"),
     C("fit-out-is-dir", *FIT, *STEPS_D, "--out", "adir"),
     C("fit-out-unwritable", *FIT, *STEPS_D, "--out", f"{PROC}/f.yaml"),
@@ -309,6 +323,10 @@ CASES = [
     C("export-blis-out-dir-under-file", *EXPB, "--out-dir", "afile/sub"),
     C("export-blis-out-dir-unwritable", *EXPB, "--out-dir", f"{PROC}/d"),
     C("export-blis-for-missing-run", *EXPB, "--out-dir", "d", "--for", "nope"),
+    C("export-blis-for-in-place", *EXPB, "--for", EXP, "--in-place"),
+    C("export-blis-for-global-missing-run", *EXPB, "--for", "nope", "--out", "o.yaml"),
+    C("export-blis-kernels-unknown", *EXPB, "--model", "llama-2-7b-hf:1", "--kernels", "vllm-9.9.9",
+      "--out", "o.yaml"),
     # two outputs (tp1, tp2), the second one a folder: nothing may be written
     C("export-blis-out-dir-one-output-is-dir", *EXPB, "--model", "llama-2-7b-hf:1,2", "--out-dir", "dd_onebad",
       timeout=90),
@@ -345,6 +363,7 @@ CASES = [
     C("residuals-out-is-file", *RES, "--out", "afile"),
     C("residuals-out-under-file", *RES, "--out", "afile/rep"),
     C("residuals-out-unwritable", *RES, "--out", f"{PROC}/rep"),
+    C("residuals-kernels-unknown", *RES, "--kernels", "vllm-9.9.9", "--out", "rep"),
     C("residuals-out-one-output-is-dir-csv", *RES, "--out", "rep_csvdir"),
     C("residuals-out-one-output-is-dir-md", *RES, "--out", "rep_mddir"),
 
@@ -441,6 +460,16 @@ CASES = [
     C("workload-validate-out-is-dir", *VAL, "--out", "adir"),
     C("workload-validate-out-unwritable", *VAL, "--out", f"{PROC}/v.csv", timeout=120),
     C("workload-validate-keep-is-file", *VAL, "--keep", "afile"),
+    C("workload-validate-kernels-unknown", *VAL, "--coeffs", "coeffs.yaml", "--kernels", "vllm-9.9.9", timeout=120),
+    C("workload-saturation-coeffs-missing", *SAT, "--coeffs", "nope.yaml"),
+    C("workload-saturation-kernels-unknown", *SAT, "--coeffs", "coeffs.yaml", "--kernels", "vllm-9.9.9"),
+    C("workload-saturation-prompt-0", *SAT, "--coeffs", "coeffs.yaml", "--prompt", "0"),
+    C("workload-saturation-cached-all", *SAT, "--coeffs", "coeffs.yaml", "--cached", "512"),
+    C("workload-saturation-tp-0", "workload", "saturation", "--model", "llama-2-7b-hf", "--tp", "0", "--prompt",
+      "512", "--output", "128", "--coeffs", "coeffs.yaml"),
+    C("workload-saturation-model-unknown", "workload", "saturation", "--model", "no-such-model", "--tp", "1",
+      "--prompt", "512", "--output", "128", "--coeffs", "coeffs.yaml"),
+    C("workload-saturation-gpu-other", *SAT, "--coeffs", "coeffs.yaml", "--gpu", "a100_sxm"),
 
     # ---- workload calibrate (never without --out or with the project's file: it writes in place)
     C("workload-calibrate-coeffs-missing", "workload", "calibrate", EXP, "--blis", BLIS, "--coeffs", "nope.yaml",

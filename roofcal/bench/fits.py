@@ -54,36 +54,38 @@ def data_text(m) -> str:
 
 
 def seeded_small_tables(gpu_name: str, m, limit: int = 500) -> dict:
-    """Mean held-out MAPE over seeds 0…4 for each kernel kind/variant with fewer than ``limit`` rows."""
+    """Mean held-out MAPE over seeds 0…4 for each kernel kind/variant of each kernel set with
+    fewer than ``limit`` rows: {(kernel set, kind/variant): (mean, std)} (shared tables under
+    set "")."""
     from roofcal.calibration.fit import FitSettings, fit
     from roofcal.physics.hardware import load_gpu
     gpu = load_gpu(gpu_name)
     out = {}
-    sizes = m.ops.groupby(["op", "dtype"]).size()
-    for (op, dt), n in sizes.items():
+    sizes = m.ops.groupby(["kernels", "op", "dtype"]).size()
+    for (ks, op, dt), n in sizes.items():
         if n >= limit:
             continue
-        rows = m.ops[(m.ops.op == op) & (m.ops.dtype == dt)]
-        vals = [fit(gpu, rows, [], FitSettings(seed=s, progress=False)).coeffs.metrics["heldout"]
+        rows = m.ops[(m.ops.kernels == ks) & (m.ops.op == op) & (m.ops.dtype == dt)]
+        vals = [fit(gpu, rows, [], FitSettings(seed=s, progress=False)).coeffs.kernel_set.metrics["heldout"]
                 [K.op_key(op, dt)]["mape"] for s in range(SEEDS)]
-        out[K.op_key(op, dt)] = (float(np.mean(vals)), float(np.std(vals)))
+        out[(ks, K.op_key(op, dt))] = (float(np.mean(vals)), float(np.std(vals)))
     return out
 
 
-def per_op_rows(gpu_name: str, metrics: dict, seeded: dict) -> list[dict]:
+def per_op_rows(gpu_name: str, coeffs, seeded: dict) -> list[dict]:
+    """The per-op rows of the benchmark table: each kernel set's held-out metrics."""
     rows = []
-    for key, h in metrics["heldout"].items():
-        if key.startswith("steps/"):
-            continue
-        kind = key.split("/")[0]
-        target = TARGETS.get(kind)
-        mean_seeds = seeded.get(key)
-        judged = mean_seeds[0] if mean_seeds else h["mape"]
-        rows.append({"gpu": gpu_name, "kernel": key, "held-out MAPE %": h["mape"],
-                     f"mean of {SEEDS} splits %": (f"{mean_seeds[0]:.2f} ± {mean_seeds[1]:.2f}"
-                                                   if mean_seeds else ""),
-                     "p90 %": h["p90"], "n held out": h["n"],
-                     "target %": target, "met": "yes" if judged <= target else "no"})
+    for name, ks in coeffs.kernel_sets.items():
+        for key, h in ks.metrics.get("heldout", {}).items():
+            kind = key.split("/")[0]
+            target = TARGETS.get(kind)
+            mean_seeds = seeded.get((name, key)) or seeded.get(("", key))
+            judged = mean_seeds[0] if mean_seeds else h["mape"]
+            rows.append({"gpu": gpu_name, "kernels": name, "kernel": key, "held-out MAPE %": h["mape"],
+                         f"mean of {SEEDS} splits %": (f"{mean_seeds[0]:.2f} ± {mean_seeds[1]:.2f}"
+                                                       if mean_seeds else ""),
+                         "p90 %": h["p90"], "n held out": h["n"],
+                         "target %": target, "met": "yes" if judged <= target else "no"})
     return rows
 
 
@@ -122,13 +124,15 @@ def staged_vs_joint(result, m) -> list[dict]:
     gpu = load_gpu(result.coeffs.gpu)
     kernels = result.coeffs.params["ops"]
     tests = result.step_test
+    own = m.ops["kernels"].isin([result.coeffs.kernels, ""]).to_numpy()    # the steps' kernel set
+    ops, kernel_test = m.ops[own].reset_index(drop=True), result.kernel_test[own]
     rows = []
     for label, kappa in (("staged: kernels frozen (default)", 0.0), ("joint: kernels free, κ = 1", 1.0)):
         params = fit_steps(m.steps, kernels, FitSettings(progress=False, finetune=kappa),
                            [~t for t in tests])
         pred = step_predictions(m.steps, params)
         sm = step_metrics(pred, np.concatenate(tests))["heldout"]
-        km = kernel_metrics(m.ops, params, gpu, result.kernel_test)["heldout"]
+        km = kernel_metrics(ops, params, gpu, kernel_test)["heldout"]
         rows.append({"stage 2": label,
                      "steps/prefill %": sm.get("steps/prefill", {}).get("mape"),
                      "steps/decode %": sm.get("steps/decode", {}).get("mape"),
@@ -196,12 +200,17 @@ def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> 
                 {"command": f"roofcal fit --gpu a100_sxm  ({data_text(a100_m)})",
                  "seconds": a100_s, "target s": 60.0, "met": "yes" if a100_s <= 60 else "no"}],
                ["command", "seconds", "target s", "met"], floats="{:.1f}"))
-    rows = per_op_rows("h100_sxm", h100.coeffs.metrics, seeded_small_tables("h100_sxm", h100_m)) \
-        + per_op_rows("a100_sxm", a100.coeffs.metrics, seeded_small_tables("a100_sxm", a100_m))
-    emit("Per-op held-out error (random 20 % of shapes, seed 0)",
-         table(rows, ["gpu", "kernel", "held-out MAPE %", f"mean of {SEEDS} splits %", "p90 %",
+    rows = per_op_rows("h100_sxm", h100.coeffs, seeded_small_tables("h100_sxm", h100_m)) \
+        + per_op_rows("a100_sxm", a100.coeffs, seeded_small_tables("a100_sxm", a100_m))
+    emit("Per-op held-out error per kernel set (random 20 % of rows, seed 0)",
+         table(rows, ["gpu", "kernels", "kernel", "held-out MAPE %", f"mean of {SEEDS} splits %", "p90 %",
                       "n held out", "target %", "met"]))
-    steps_rows = [{"split": "held-out configurations (20 %, both TPs)", "phase": k.split("/")[1],
+    from roofcal.bench import kernel_sets as kernel_set_bench
+    from roofcal.physics.hardware import load_gpu
+    for title, body in kernel_set_bench.report(h100.coeffs, h100_m.ops, load_gpu("h100_sxm")):
+        emit(title, body)
+    steps_rows = [{"split": f"held-out configurations (20 %, both TPs; kernels {h100.coeffs.kernels})",
+                   "phase": k.split("/")[1],
                    "MAPE %": v["mape"], "bias %": v["bias"], "p90 %": v["p90"], "n": v["n"]}
                   for k, v in h100.coeffs.metrics["heldout"].items() if k.startswith("steps/")]
     emit("Whole steps: held-out configurations of the default H100 fit",

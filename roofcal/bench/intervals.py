@@ -36,20 +36,28 @@ def _row(label, covered, width, n_extra=None, tol=TOL_OPS) -> dict:
 def op_coverage(result, m, gpu) -> list[dict]:
     """Leave-one-out coverage of held-out per-op rows per kernel kind (``result``: a FitResult,
     ``m``: its Measurements)."""
+    from roofcal.model.coeffs import with_kernels
     from roofcal.model.predict import predict_table
-    pred = predict_table(m.ops.reset_index(drop=True), result.coeffs.params, gpu)
-    rows = pred.iloc[np.flatnonzero(result.kernel_test)]
-    keys = (rows["op"] + "/" + rows["dtype"]).to_numpy()
-    reg = IV.regime(rows["ideal_compute_us"].values, rows["ideal_memory_us"].values)
-    ratio = (rows["latency_us"] / rows["predicted_us"]).to_numpy()
-    strata = conformal.stratum_of(result.coeffs.op_bands, keys, reg)
-    lo, hi = conformal.loo_coverage(strata, ratio)
-    inside = (ratio >= lo) & (ratio <= hi)
-    kinds = np.array([k.split("/")[0] for k in keys])
+    ops = m.ops.reset_index(drop=True)
+    sets = ops["kernels"].astype(str).to_numpy()
     out = []
-    for kind in sorted(set(kinds)):
-        sel = kinds == kind
-        out.append({"gpu": gpu.name, "kernel": kind, **_row("held-out per-op", inside[sel], (hi / lo - 1.0)[sel])})
+    for name in result.coeffs.kernel_sets:            # each set's held-out rows with its own bands
+        c = with_kernels(result.coeffs, name)
+        own = np.flatnonzero(((sets == name) | (sets == "")) & result.kernel_test)
+        if not len(own):
+            continue
+        rows = predict_table(ops.iloc[own].reset_index(drop=True), c.params, gpu)
+        keys = (rows["op"] + "/" + rows["dtype"]).to_numpy()
+        reg = IV.regime(rows["ideal_compute_us"].values, rows["ideal_memory_us"].values)
+        ratio = (rows["latency_us"] / rows["predicted_us"]).to_numpy()
+        strata = conformal.stratum_of(c.op_bands, keys, reg)
+        lo, hi = conformal.loo_coverage(strata, ratio)
+        inside = (ratio >= lo) & (ratio <= hi)
+        kinds = np.array([k.split("/")[0] for k in keys])
+        for kind in sorted(set(kinds)):
+            sel = kinds == kind
+            out.append({"gpu": gpu.name, "kernels": name, "kernel": kind,
+                        **_row("held-out per-op", inside[sel], (hi / lo - 1.0)[sel])})
     return out
 
 
@@ -96,8 +104,11 @@ def zero_shot_coverage(h100, a100) -> list[dict]:
     from roofcal.bench.transfer import microbench_table
     from roofcal.physics.hardware import load_gpu
     from roofcal.transfer import bands as TB
+    from roofcal.model.coeffs import with_kernels
     H, A = load_gpu("h100_sxm"), load_gpu("a100_sxm")
-    tables = {"a100_sxm": microbench_table(A.name), "h100_sxm": microbench_table(H.name)}
+    ks = TB.common_kernels(h100, a100)            # one kernel library on both GPUs
+    h100, a100 = with_kernels(h100, ks), with_kernels(a100, ks)
+    tables = {"a100_sxm": microbench_table(A.name, ks), "h100_sxm": microbench_table(H.name, ks)}
     res = {"a100_sxm": TB.transfer_residuals(h100, H, A, tables["a100_sxm"]),
            "h100_sxm": TB.transfer_residuals(a100, A, H, tables["h100_sxm"])}
     refs = {"a100_sxm": h100, "h100_sxm": a100}
@@ -143,7 +154,7 @@ def report(h100_result, h100_m, a100_result, a100_m) -> list[tuple[str, str]]:
     ops = op_coverage(h100_result, h100_m, load_gpu("h100_sxm")) + \
         op_coverage(a100_result, a100_m, load_gpu("a100_sxm"))
     out = [("Prediction bands: coverage of held-out per-op rows (80 % band, leave-one-out "
-            "over the held-out rows of each stratum)", table(ops, cols))]
+            "over the held-out rows of each stratum)", table(ops, ["gpu", "kernels"] + cols[1:]))]
     st = step_coverage(h100_result, h100_m.steps)
     out.append(("Prediction bands: coverage of held-out whole steps (splitwise stack, H100)",
                 table(st, ["phase"] + cols[2:])))

@@ -402,7 +402,8 @@ def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]"
         alpha = tuple(float(a) for a in alpha0)
         alpha_source = f"kept from {resources.display(Path(defaults_path))} (the stack has no request-level data)"
     validate_export_coeffs(alpha, fit.beta, str(coeffs.source))
-    provenance = {"coeffs": coeffs.source, "stack": coeffs.stack, "runs": [e.name for e in exps],
+    provenance = {"coeffs": coeffs.source, "stack": coeffs.stack, "kernels": coeffs.kernels,
+                  "runs": [e.name for e in exps],
                   "rows": fit.n_rows, "fit": settings.record()}
     out = DeploymentExport(targets, hw_name, alpha, tuple(fit.beta), alpha_source, first, fit.metrics, provenance)
     # the export against the native model where the server is light and where it saturates
@@ -427,7 +428,8 @@ def comment(ex: DeploymentExport, coeffs_path=None) -> str:
     from roofcal.io import sha256_file
     src = ""
     if coeffs_path is not None and Path(coeffs_path).is_file():
-        src = f" of {resources.display(Path(coeffs_path))} (sha256 {sha256_file(coeffs_path)[:12]})"
+        src = (f" of {resources.display(Path(coeffs_path))} (sha256 {sha256_file(coeffs_path)[:12]}"
+               + (f", kernels {ex.provenance['kernels']}" if ex.provenance.get("kernels") else "") + ")")
     d = ex.distill_mape()
     deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
     only = " only" if len(ex.targets) == 1 else ""
@@ -445,6 +447,15 @@ def defaults_paths(exports: Sequence[DeploymentExport], out_dir) -> list[Path]:
     return paths
 
 
+def write_defaults_file(ex: DeploymentExport, defaults_path, out, coeffs_path=None) -> Path:
+    """Write one export as ``out`` (atomically); every other byte of ``defaults_path`` is kept."""
+    text = read_text_exact(Path(defaults_path), "BLIS defaults file")
+    new = replace_coefficients(text, ex.alpha, ex.beta, comment(ex, coeffs_path), str(defaults_path))
+    check_written(new, ex.alpha, ex.beta, str(out))
+    write_files_atomic({Path(out): new})
+    return Path(out)
+
+
 def write_defaults(exports: Sequence[DeploymentExport], defaults_path, out_dir,
                    coeffs_path=None) -> list[Path]:
     """Write one ``defaults.yaml`` per export into ``out_dir`` (:func:`defaults_paths`), all or
@@ -460,9 +471,19 @@ def write_defaults(exports: Sequence[DeploymentExport], defaults_path, out_dir,
     return paths
 
 
-def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | None = None) -> str:
-    """Which file (or flags) go with which ``blis`` command, one block per export."""
+def config_folder(target: Target) -> Path:
+    """The folder holding the target's ``config.json`` (BLIS's ``--model-config-folder``)."""
+    from roofcal.physics.config import resolve_config_path
+    return Path(resolve_config_path(target.deployment.model)).resolve().parent
+
+
+def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | None = None,
+          hardware_config=resources.BLIS_HARDWARE) -> str:
+    """Which file (or flags) go with which ``blis`` command, one block per export: the complete
+    flags BLIS needs (a written defaults file has no hardware table or model configs beside it,
+    so ``--hardware-config`` and ``--model-config-folder`` are given)."""
     lines = []
+    hw_path = Path(hardware_config).resolve()
     for i, ex in enumerate(exports):
         ft = ex.first_token
         a0 = (f"alpha0 {ex.alpha[0]:,.0f} us = API {ft['api_us']:,.0f} + first-token cycle {ft['cycle_delay_us']:,.0f}"
@@ -476,8 +497,10 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
                         f"{m.get('saturated', float('nan')):.1f} %" if m else "")
                      + (f"; load: {ft['load']}" if ft.get("load") else ""))
         for t in ex.targets:
-            base = f"--model {t.blis_model} --tp {t.deployment.tp} --hardware {ex.hardware} --latency-model trained-physics"
+            base = (f"--model {t.blis_model} --tp {t.deployment.tp} --hardware {ex.hardware} "
+                    f"--latency-model trained-physics --model-config-folder {config_folder(t)} "
+                    f"--hardware-config {hw_path}")
             if paths is not None:
-                lines.append(f"  blis run|replay {base} --defaults-filepath {paths[i]} ...")
+                lines.append(f"  blis run|replay {base} --defaults-filepath {Path(paths[i]).resolve()} ...")
             lines.append(f"  or, with any defaults.yaml: blis run|replay {base} {ex.flags} ...")
     return "\n".join(lines)

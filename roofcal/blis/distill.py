@@ -72,11 +72,12 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
              hardware_config: str | Path = resources.BLIS_HARDWARE, hardware: str | None = None,
              deployments: Sequence[Deployment] | None = None, steps_paths: Sequence[str | Path] = (),
              settings: BlisFitSettings = BlisFitSettings(), steps_gpu: str | None = None,
-             stack: str | None = None) -> BlisForm:
+             stack: str | None = None, kernels: str | None = None) -> BlisForm:
     """Fit BLIS-form coefficients (see :mod:`roofcal.blis.fit`) from files.
 
     ``coeffs_path``: a roofcal coefficient file to distil (None: measured steps only), with its
-    serving stack ``stack`` (:func:`roofcal.model.coeffs.resolve_stack`; default the file's own);
+    serving stack ``stack`` and kernel set ``kernels`` (:func:`roofcal.model.coeffs.resolve_stack`;
+    default the file's own stack and that stack's kernel set);
     ``deployments``: what to distil for (default: the coefficient file's ``fit.deployments``);
     ``steps_paths``: measured whole-step files to fit as well. Alphas come from the stack when it
     was calibrated on serving runs (it records them), else they are kept from ``defaults_path``,
@@ -91,7 +92,7 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
     validate_export_coeffs(alpha, input_beta, f"{defaults_path}: trained_physics_coefficients")
     c = coeff_io.load(coeffs_path) if coeffs_path is not None else None
     if c is not None:
-        c = coeff_io.resolve_stack(c, stack, required=True)
+        c = coeff_io.resolve_stack(c, stack, required=True, kernels=kernels)
     gpu = load_gpu(c.gpu) if c is not None else None
     if c is not None:
         c.check_gpu(gpu)
@@ -117,11 +118,11 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
         if deployments:
             deps = list(deployments)
         else:
-            recorded = c.fit.get("deployments")
+            recorded, where = default_deployments(c)
             if not recorded:
                 raise RoofcalError(f"{c.source}: records no step deployments (fit.deployments); name the "
                                    "deployments to distil with --model M --tp T")
-            deps = deployments_from_records(recorded, f"{c.source}: field 'fit.deployments'")
+            deps = deployments_from_records(recorded, f"{c.source}: field '{where}'")
         resolved = [resolve_deployment(d, hw) for d in deps]
         method.append("distillation")
     if measured:
@@ -168,7 +169,19 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
                     f"{float(ft['mean_cycle_us']):.0f} us, the mean cycle of the calibration runs")
         alpha_source = f"from serving stack '{c.stack}' ({how})"
     provenance["stack"] = c.stack if c is not None else None
+    provenance["kernels"] = c.kernels if c is not None else None
     return BlisForm(tuple(alpha), tuple(result.beta), hw_name, hw, tuple(deps), alpha_source, provenance, metrics)
+
+
+def default_deployments(c) -> tuple[list, str]:
+    """(deployment records, the field they come from) to distil for when none are named: those
+    of the serving runs the active stack was calibrated on (``stacks.<name>.source.deployments``),
+    else those of the file's measured steps (``fit.deployments``)."""
+    st = c.stacks.get(c.stack) if c.stack is not None else None
+    recorded = (st.source.get("deployments") if st is not None else None) or []
+    if recorded:
+        return recorded, f"stacks.{c.stack}.source.deployments"
+    return c.fit.get("deployments") or [], "fit.deployments"
 
 
 def stack_alphas_calibrated(st) -> bool:
@@ -188,7 +201,8 @@ def provenance_comment(form: BlisForm, form_path: str | Path | None = None) -> s
     c = p.get("coeffs") or {}
     parts = [f"roofcal {__version__}: fitted in BLIS's basis by {p.get('method', 'unknown method')}"]
     if c:
-        parts.append(f"of {c.get('path')} (sha256 {str(c.get('sha256'))[:12]})")
+        parts.append(f"of {c.get('path')} (sha256 {str(c.get('sha256'))[:12]}"
+                     + (f", kernels {p['kernels']}" if p.get("kernels") else "") + ")")
     if form_path is not None:
         parts.append(f"via {resources.display(Path(form_path))} (sha256 {sha256_file(form_path)[:12]})")
     deps = ", ".join(f"{d.model} TP{d.tp}" for d in form.deployments)
@@ -222,7 +236,8 @@ class ExportResult:
 def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | Path | None = None,
                 in_place: bool = False, deployments: Sequence[Deployment] | None = None,
                 hardware_config: str | Path = resources.BLIS_HARDWARE, hardware: str | None = None,
-                settings: BlisFitSettings = BlisFitSettings(), stack: str | None = None) -> ExportResult:
+                settings: BlisFitSettings = BlisFitSettings(), stack: str | None = None,
+                kernels: str | None = None) -> ExportResult:
     """Write ``defaults_path`` with BLIS-form betas to ``out`` (or in place, keeping a backup).
 
     ``coeffs_path`` is a roofcal coefficient file (betas fitted here by distillation for
@@ -238,8 +253,9 @@ def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | P
     coefficient_spans(text, str(defaults_path))  # refuse a bad defaults file before any fitting
     schema, doc = read_coefficient_doc(coeffs_path)
     if schema == BLIS_FORM_SCHEMA:
-        if stack is not None:
-            raise RoofcalError(f"{coeffs_path}: a BLIS-form file has no serving stacks; --stack applies to a roofcal coefficient file")
+        if stack is not None or kernels is not None:
+            raise RoofcalError(f"{coeffs_path}: a BLIS-form file has no serving stacks or kernel sets; --stack and "
+                               "--kernels apply to a roofcal coefficient file")
         if deployments:
             raise RoofcalError(f"{coeffs_path}: a BLIS-form file is already fitted; --model/--tp apply to a roofcal coefficient file")
         form = form_from_dict(doc, str(coeffs_path))  # validated, coefficients included
@@ -248,7 +264,7 @@ def export_blis(coeffs_path: str | Path, defaults_path: str | Path, out: str | P
         comment = provenance_comment(form, coeffs_path)
     else:
         form = fit_form(coeffs_path, defaults_path, hardware_config, hardware, deployments, (), settings,
-                        stack=stack)
+                        stack=stack, kernels=kernels)
         validate_export_coeffs(form.alpha, form.beta, str(coeffs_path))
         comment = provenance_comment(form)
     new = replace_coefficients(text, form.alpha, form.beta, comment, str(defaults_path))

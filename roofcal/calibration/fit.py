@@ -1,8 +1,12 @@
 """Fitting the correction layer to measurements, in two stages.
 
-1. **Kernels.** Each kernel kind/variant (``gemm/bf16``, ``attn_decode/fp8``, …) is fitted on its
-   per-op rows: efficiency surfaces, latency and sharpness. Rows are held out at random by shape,
-   stratified per kind/variant (seeded).
+1. **Kernels.** Each kernel kind/variant (``gemm/bf16``, ``attn_decode/fp8``, …) of each kernel
+   set (the kernel library the rows were measured in, e.g. ``vllm-0.24.0``) is fitted on its per-op
+   rows: efficiency surfaces, latency and sharpness. Rows are held out at random, stratified per
+   set and kind/variant (seeded per stratum, so adding a set does not reshuffle another's split);
+   at most ``max_rows`` training rows per kernel are fitted (a seeded sample beyond that). Tables
+   every set shares (NCCL) are fitted once and join every set; a set without rows of a kernel
+   another set has borrows that one (recorded).
 2. **Steps.** With the kernel corrections from stage 1 frozen, the step-level parameters are
    fitted on whole-step measurements: overheads, per-kernel-group scales (a serving stack's kernels
    inside real steps against the same kernels in isolation) and the prefill–decode mix. Freezing
@@ -29,7 +33,9 @@ from roofcal.calibration import STEP_TARGET_NAMES, conformal
 from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
 from roofcal.model import intervals as IV
-from roofcal.model.coeffs import Coefficients, Stack, add_stack, roundtrip, with_stack
+from roofcal.model.coeffs import (UNVERSIONED, Coefficients, KernelSet, Stack, add_stack,
+                                  newest_kernel_set, roundtrip, with_kernels, with_stack)
+from roofcal.measurements.ops import kernel_set_order
 from roofcal.physics.hardware import GPUSpec
 from roofcal.calibration.loss import prior_penalty
 from roofcal.metrics import error_summary, log_ratio_sq, split_groups
@@ -92,6 +98,8 @@ class FitSettings:
     finetune: float = 0.0             # 0: kernels frozen in stage 2; else κ holding them to stage 1
     prior_scales: float = 1.0         # κ holding the step-level kernel scales at 1
     step_target: str = "step"         # what measured steps are compared with (STEP_TARGETS)
+    max_rows: int = 10_000            # training rows fitted per kernel (a seeded sample beyond)
+    kernels: str | None = None        # kernel set whole steps are fitted with (None: the newest)
     progress: bool = True
 
     def degree_of(self, kind: str) -> int:
@@ -110,16 +118,51 @@ class FitSettings:
 # --------------------------------------------------------------------------------------------
 # splits
 
+def _rng(seed: int, label: str) -> np.random.Generator:
+    """A generator seeded by ``seed`` and the label (stable across processes)."""
+    import zlib
+    return np.random.default_rng([seed, zlib.crc32(label.encode())])
+
+
 def split_rows(labels: np.ndarray, holdout: float, seed: int) -> np.ndarray:
-    """Boolean test mask: ``holdout`` of the rows of every label (stratified), seeded."""
-    rng = np.random.default_rng(seed)
+    """Boolean test mask: ``holdout`` of the rows of every label (stratified), seeded per label."""
     test = np.zeros(len(labels), bool)
     for lab in sorted(set(labels.tolist())):
         idx = np.flatnonzero(labels == lab)
         k = int(round(holdout * len(idx)))
         if len(idx) >= 5 and k:
-            test[rng.choice(idx, size=k, replace=False)] = True
+            test[_rng(seed, lab).choice(idx, size=k, replace=False)] = True
     return test
+
+
+def cap_rows(labels: np.ndarray, keep: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
+    """``keep`` with at most ``max_rows`` rows of every label left (a seeded sample)."""
+    out = keep.copy()
+    for lab in sorted(set(labels[keep].tolist())):
+        idx = np.flatnonzero(keep & (labels == lab))
+        if len(idx) > max_rows:
+            out[idx] = False
+            out[_rng(seed + 1, lab).choice(idx, size=max_rows, replace=False)] = True
+    return out
+
+
+def row_labels(table: pd.DataFrame) -> np.ndarray:
+    """``<kernel set>|<kind>/<variant>`` of every per-op row (the strata of the split)."""
+    if not len(table):
+        return np.array([], object)
+    sets = table["kernels"] if "kernels" in table else pd.Series("", index=table.index)
+    return (sets.astype(str) + "|" + table["op"] + "/" + table["dtype"]).to_numpy()
+
+
+def kernel_set_rows(table: pd.DataFrame) -> dict:
+    """{kernel set: boolean row mask} of a per-op table: each set's own rows and the rows every
+    set shares (``kernels`` ""); a table without versioned rows is one set, ``unversioned``."""
+    sets = table["kernels"].astype(str).to_numpy() if "kernels" in table and len(table) \
+        else np.full(len(table), "", object)
+    names = sorted(set(sets.tolist()) - {""}, key=kernel_set_order)
+    if not names:
+        return {UNVERSIONED: np.ones(len(table), bool)} if len(table) else {}
+    return {n: (sets == n) | (sets == "") for n in names}
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,8 +479,11 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         prior: Coefficients | None = None, provenance: list | None = None) -> FitResult:
     """Fit a coefficient set for ``gpu`` from per-op rows (``table``) and/or step datasets.
 
-    ``prior``: coefficients to centre the priors on (and start from), e.g. a bootstrapped file
-    for a few-shot fit; kernel kinds it lacks use the physical default prior.
+    Per-op rows are fitted per kernel set (their ``kernels`` column; see the module docstring);
+    whole steps with the set ``settings.kernels`` (default the newest), which the fitted stack
+    records. ``prior``: coefficients to centre the priors on (and start from), e.g. a
+    bootstrapped file for a few-shot fit — per set, its set of the same name, else its active
+    one; kernel kinds it lacks use the physical default prior.
     """
     import time
     clock = time.time()
@@ -448,31 +494,74 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
 
     table = table if table is not None else pd.DataFrame(columns=["gpu", "op", "dtype", "latency_us"])
     table = table.reset_index(drop=True)
-    labels = (table["op"] + "/" + table["dtype"]).to_numpy() if len(table) else np.array([])
+    if "kernels" not in table:
+        table["kernels"] = ""
+    labels = row_labels(table)
     test = split_rows(labels, settings.holdout, settings.seed)
-    data = kernel_data(table, gpu, test, settings)
-    prior_ops = dict(prior.params["ops"]) if prior is not None else {}
-    log(f"prepared {len(table)} per-op rows in {len(data)} kernel kinds/variants")
-    kernel = fit_kernels(data, settings, prior=prior_ops, init=prior_ops)
+    fitted = cap_rows(labels, ~test, settings.max_rows, settings.seed)
+    set_rows = kernel_set_rows(table)
+    sets_of_rows = table["kernels"].astype(str).to_numpy()
+    units = sorted(set(sets_of_rows.tolist()), key=lambda n: (n != "", kernel_set_order(n)))
+    if set_rows and UNVERSIONED in set_rows:
+        units = [""]
+
+    def prior_ops(name):
+        if prior is None:
+            return {}
+        ks = prior.kernel_sets.get(name) or prior.kernel_set
+        return dict(ks.ops)
+
+    fits = {}          # unit ("" = shared) → {kernel key: raw params}
+    for unit in units:
+        own = np.flatnonzero(fitted & (sets_of_rows == unit))
+        sub = table.iloc[own].reset_index(drop=True)
+        data = kernel_data(sub, gpu, np.zeros(len(sub), bool), settings)
+        p0 = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
+        log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
+            f"per-op rows fitted in {len(data)} kernel kinds/variants")
+        fits[unit] = fit_kernels(data, settings, prior=p0, init=p0)
     log("stage 1 (kernels) done")
-    # kinds with no rows keep the prior's (or neutral) corrections
-    ops = {**prior_ops, **kernel}
+
+    if set_rows:
+        names = list(set_rows)
+        kernel_sets = {}
+        for name in names:
+            own = {**fits.get("", {}), **fits.get(name, {})}
+            # kinds with no rows keep the prior's (or neutral) corrections
+            kernel_sets[name] = KernelSet({**prior_ops(name), **own}, data=_set_files(provenance, name))
+        for name in names:                # a kernel another set measured and this one did not
+            for key, other in _borrowable(names, name, fits).items():
+                kernel_sets[name].ops[key] = fits[other][key]
+                kernel_sets[name].borrowed[key] = other
+    elif prior is not None:              # whole steps only: the prior's kernel sets, unchanged
+        kernel_sets = {n: replace(ks, ops=dict(ks.ops)) for n, ks in prior.kernel_sets.items()}
+    else:
+        kernel_sets = {UNVERSIONED: KernelSet({})}
+    step_set = settings.kernels or (prior.kernels if prior is not None and not set_rows else None) \
+        or newest_kernel_set(kernel_sets)
+    if step_set not in kernel_sets:
+        raise RoofcalError(f"--kernels {step_set}: no per-op rows of that kernel set (sets: "
+                           f"{', '.join(kernel_sets)})")
 
     step_tests = [split_groups(d.config, settings.holdout, settings.seed + 1) for d in steps]
+    ops = kernel_sets[step_set].ops
     params = fit_steps(steps, ops, settings, [~t for t in step_tests]) if steps else \
         {"ops": ops, "step": K.neutral_step_params()}
-
     if steps:
-        log(f"stage 2 (steps: {sum(len(d) for d in steps)} measured) done")
+        log(f"stage 2 (steps: {sum(len(d) for d in steps)} measured, kernel set {step_set}) done")
+        kernel_sets[step_set].ops = params["ops"]           # moved only with finetune > 0
+
     notes = [] if prior is None else \
         [f"fitted with priors centred on {prior.source}"] + [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
-                     data=provenance or [], fit=settings.record())
+                     data=provenance or [], fit=settings.record(), kernel_sets=kernel_sets,
+                     kernels=step_set)
     if steps:                                  # the serving stack these steps were measured on
         step_files = [p for p in provenance or [] if str(p.get("kind", "")).startswith("steps")]
         c = add_stack(c, stack_name(step_files), Stack(
             params["step"], source={"kind": STACK_KINDS[settings.step_target],
-                                    "step_target": settings.step_target, "data": step_files}))
+                                    "step_target": settings.step_target, "kernels": step_set,
+                                    "data": step_files}))
     elif prior is not None and prior.stacks:
         c = Coefficients(**{**c.__dict__, "stacks": dict(prior.stacks)})
         c = with_stack(c, prior.stack)
@@ -482,24 +571,48 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         c.fit["deployments"] = [{"model": m, "tp": t} for m, t in
                                 sorted({(d.model.ref, d.tp) for d in steps})]
     c = roundtrip(c)                        # metrics of exactly what the file will hold
+    for name, rows in set_rows.items():
+        idx = np.flatnonzero(rows)
+        sub, sub_test = table.iloc[idx].reset_index(drop=True), test[idx]
+        ks = c.kernel_sets[name]
+        pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu)
+        ks.metrics = _round_metrics(kernel_metrics(sub, {"ops": ks.ops}, gpu, sub_test, pred))
+        ks.intervals = op_intervals(pred, sub_test, settings)
+    c = with_kernels(c, c.kernels)          # the active set's bands mirrored
     metrics = {"train": {}, "heldout": {}}
-    if len(table):
-        pred = predict_table(table, c.params, gpu)
-        metrics = kernel_metrics(table, c.params, gpu, test, pred)
-        c.intervals = op_intervals(pred, test, settings)
     step_table = None
     if steps:
         step_table = step_predictions(steps, c.params)
         step_test = np.concatenate(step_tests)
-        sm = step_metrics(step_table, step_test, settings.step_target)
-        for split in ("train", "heldout"):
-            metrics[split].update(sm[split])
+        metrics = step_metrics(step_table, step_test, settings.step_target)
         bands = step_bands(step_table, step_test, settings.step_target)
         if bands and c.stack in c.stacks:
             c.stacks[c.stack] = replace(c.stacks[c.stack], intervals=bands)
     c.metrics = _round_metrics(metrics)
     log("metrics done")
     return FitResult(c, test, step_tests, step_table)
+
+
+def _set_files(provenance, name: str) -> list:
+    """Paths of the per-op files of kernel set ``name`` (its own and the shared ones)."""
+    from roofcal.measurements.ops import kernel_set_of
+    return [p["path"] for p in provenance or [] if p.get("kind") == "per-op"
+            and (name == UNVERSIONED or kernel_set_of(p["path"]) in ("", name))]
+
+
+def _borrowable(names: list, name: str, fits: dict) -> dict:
+    """{kernel: set} a set lacks rows of and another set measured: the nearest older set's,
+    else the nearest newer one's."""
+    order = sorted(names, key=kernel_set_order)
+    i = order.index(name)
+    nearest = order[:i][::-1] + order[i + 1:]
+    have = set(fits.get(name, {})) | set(fits.get("", {}))
+    out = {}
+    for other in nearest:
+        for key in fits.get(other, {}):
+            if key not in have and key not in out:
+                out[key] = other
+    return out
 
 
 def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings) -> dict:

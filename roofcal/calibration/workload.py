@@ -41,12 +41,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from roofcal import resources
 from roofcal.calibration import WORKLOAD_DEFAULTS
 from roofcal.errors import RoofcalError
 from roofcal.model import coeffs as coeff_io
@@ -345,7 +347,7 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         theta = levenberg_marquardt(lambda th: res(th, *args), lambda th: jac(th, *args), theta,
                                     settings.lm_iters)
         model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32)), np.float64) / 1000.0
-        src = {"kind": SOURCE_KIND, "first_token": {"cycles": ftc}}
+        src = {"kind": SOURCE_KIND, "kernels": coeffs.kernels, "first_token": {"cycles": ftc}}
         c = coeff_io.add_stack(coeffs, name, stack_of(theta, src), default=True)
         exports = export_for(c, exps, blis_settings, settings.samples, settings.seed, settings.export)
         alpha, beta = run_coefficients(exports, exps)
@@ -377,6 +379,8 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
     source = {
         "kind": SOURCE_KIND,
         "experiments": [{"name": e.name, **_truth_record(e)} for e in exps],
+        "deployments": _deployment_records(exps, blis_settings.model_configs),
+        "kernels": coeffs.kernels,
         "kernels_from": {"file": coeffs.source, "gpu": coeffs.gpu},
         "blis": {**file_record(blis_settings.blis), "replay": blis_settings.replay},
         "settings": settings.record(),
@@ -389,6 +393,26 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
                                          "own steady-state cycle; one global file takes mean_cycle_us, the "
                                          "calibration runs' mean"}
     return WorkloadCalibration(stack_of(theta, source), it, history, time.time() - t0)
+
+
+def _deployment_records(exps, model_configs) -> list[dict]:
+    """{model, tp} of each deployment of ``exps``, the model as a bundled name when the run's
+    config is the bundled one of that name, else the path of its config (what ``export blis``
+    distils for by default, :func:`roofcal.blis.distill.default_deployments`)."""
+    from roofcal.blis.deployments import targets_for_experiments
+    from roofcal.physics.config import resolve_config_path
+    out = []
+    for t in targets_for_experiments(exps, model_configs):
+        path = Path(t.deployment.model).resolve()
+        name = path.parent.name.lower()
+        try:
+            bundled = Path(resolve_config_path(name)).resolve() == path
+        except RoofcalError:
+            bundled = False
+        rec = {"model": name if bundled else resources.display(path), "tp": int(t.deployment.tp)}
+        if rec not in out:
+            out.append(rec)
+    return out
 
 
 def _truth_record(exp) -> dict:
@@ -419,17 +443,19 @@ def _matches(exp, models: Sequence[str]) -> bool:
 
 def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
                    out=None, name: str = "vllm", holdout: Sequence[str] | None = None,
-                   overload: bool = True) -> CalibrationReport:
+                   overload: bool = True, kernels: str | None = None) -> CalibrationReport:
     """``roofcal workload calibrate``: fit stack ``name`` on ``exps`` (minus the ``holdout`` models),
     add it to the coefficient file as its default stack and write it to ``out`` (atomically; not
     written when None). The report compares every experiment's BLIS replay with measurement, each
     with its deployment's export (the fitted runs' from the chosen refresh; held-out runs, and
     overload runs unless ``overload`` is False, replayed once more, held-out deployments
-    exported fresh from the fitted stack)."""
+    exported fresh from the fitted stack). The kernels are the file's set ``kernels`` (default:
+    the one its default stack was calibrated with, else the file's default), recorded in the
+    stack's source."""
     from roofcal.blis.run import run_experiments
     from roofcal.blis.validate import validation_of, validation_text
     t0 = time.time()
-    coeffs = coeff_io.load(coeffs_path)
+    coeffs = coeff_io.resolve_kernels(coeff_io.load(coeffs_path), kernels)
     holdout = list(holdout or [])
     unknown = [h for h in holdout if not any(_matches(e, [h]) for e in exps)]
     if unknown:
@@ -452,13 +478,14 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     shown = [e for e in exps if e.name in fitted or e.name in more]
     results = [fitted.get(e.name) or more[e.name] for e in shown]
     v = validation_of(shown, results, blis_settings, sum(r.wall_s for r in results))
-    if out is not None:
+    if out is not None:                   # the file keeps its default kernel set; the stack records its own
         coeff_io.save(c, out)
     lines = [f"serving stack '{name}' (BLIS loss {cal.best.loss:.4f} on {sum(not e.overload for e in fit_exps)} runs"
              + (f"; held out: {', '.join(holdout)}" if holdout else "") + "):"]
     lines += [f"  {k} = {v_:.4g}" for k, v_ in cal.best.theta.items()]
     from roofcal.blis.deployments import usage
-    lines += ["", "per-deployment exports (roofcal export blis --out-dir):", usage(exports), "",
+    lines += ["", "per-deployment exports (roofcal export blis --out-dir):",
+              usage(exports, hardware_config=blis_settings.hardware_config), "",
               validation_text(v)]
     return CalibrationReport(cal, c, v, "\n".join(lines), time.time() - t0)
 
@@ -468,7 +495,7 @@ def _same_deployment(export, exp) -> bool:
 
 
 def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSettings = WorkloadSettings(),
-                        name: str = "vllm"):
+                        name: str = "vllm", kernels: str | None = None):
     """Leave-one-model-out: for each model, calibrate on the others' runs and replay the held-out
     model's runs in BLIS with its deployment's export (betas distilled for it by the native
     model, α0 from its own first-token delay). Returns (table of the held-out runs' summary rows,
@@ -480,7 +507,8 @@ def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSett
         raise RoofcalError("leave-one-model-out needs runs of at least two models")
     rows, reports = [], []
     for m in models:
-        rep = calibrate_file(coeffs_path, exps, blis_settings, settings, None, name, holdout=[m], overload=False)
+        rep = calibrate_file(coeffs_path, exps, blis_settings, settings, None, name, holdout=[m], overload=False,
+                             kernels=kernels)
         t = rep.validation.table
         rows.append(t[(t["model"] == m.lower()) & (t["scope"] == "summary")])
         reports.append(rep)

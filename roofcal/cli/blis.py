@@ -44,9 +44,16 @@ def _deployments(a):
     return out
 
 
-def _settings(a):
+def _settings(a, deployment_export: bool = False):
+    """The distillation settings of the options; ``--samples`` defaults to the workload
+    commands' value for an export for runs or deployments (``--for``, ``--out-dir``: the betas
+    ``workload validate`` replays), else to :data:`roofcal.blis.FIT_DEFAULTS`."""
+    from roofcal.blis import FIT_DEFAULTS
     from roofcal.blis.fit import BlisFitSettings
+    from roofcal.calibration import WORKLOAD_DEFAULTS
 
+    if a.samples is None:
+        a.samples = WORKLOAD_DEFAULTS["samples"] if deployment_export else FIT_DEFAULTS["samples"]
     if not 0 <= a.samples <= 1_000_000:
         raise RoofcalError(f"--samples must be in 0 … 1,000,000, got {a.samples}")
     if not 0.0 <= a.holdout < 1.0:
@@ -109,7 +116,7 @@ def cmd_fit(a) -> None:
 
     t0 = time.time()
     form = fit_form(a.coeffs, a.defaults, a.hardware_config, a.hardware, _deployments(a), a.steps or (),
-                    _settings(a), steps_gpu=a.gpu, stack=a.stack)
+                    _settings(a), steps_gpu=a.gpu, stack=a.stack, kernels=a.kernels)
     save_form(form, a.out)
     _print_form(form)
     print(f"wrote {a.out} in {time.time() - t0:.1f} s")
@@ -121,12 +128,15 @@ def cmd_export_blis(a) -> None:
     t0 = time.time()
     if a.out_dir:
         return _export_per_deployment(a, t0)
+    if a.experiments and a.out and not (a.in_place or a.per_run):
+        return _export_global(a, t0)
     if a.per_run or a.experiments:
-        raise RoofcalError("export blis: --for and --per-run go with --out-dir DIR (one defaults.yaml per deployment)")
+        raise RoofcalError("export blis: --for goes with --out-dir DIR (one defaults.yaml per deployment, or per "
+                           "run with --per-run) or --out FILE (one for all the runs' deployments)")
     if not (a.out or a.in_place or a.flags):
         raise RoofcalError("export blis: give --out FILE, --in-place, --flags, or --out-dir DIR")
     result = export_blis(a.coeffs, a.defaults, a.out, a.in_place, _deployments(a), a.hardware_config,
-                         a.hardware, _settings(a), stack=a.stack)
+                         a.hardware, _settings(a), stack=a.stack, kernels=a.kernels)
     if result.form.metrics:
         _print_form(result.form)
     if result.out is not None:
@@ -151,7 +161,7 @@ def _export_per_deployment(a, t0) -> None:
     if a.hardware:
         raise RoofcalError("export blis: --out-dir uses the hardware entry of each run's GPU; drop --hardware")
     check_output_dir(a.out_dir, "folder of defaults files (--out-dir)")
-    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
     if a.experiments:
         from roofcal.calibration.workload import export_targets
         from roofcal.resources import default_model_configs
@@ -175,11 +185,36 @@ def _export_per_deployment(a, t0) -> None:
     for p in paths:
         if p.is_dir():
             raise RoofcalError(f"{p}: is a directory, not a file")
-    exports = export_deployments(c, targets, a.defaults, a.hardware_config, _settings(a), a.seed_replay)
+    exports = export_deployments(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay)
     paths = write_defaults(exports, a.defaults, a.out_dir, a.coeffs)
     print(f"wrote {len(paths)} defaults file(s) into {a.out_dir} in {time.time() - t0:.1f} s; each goes with "
           "its deployment's blis command:")
-    print(usage(exports, paths))
+    print(usage(exports, paths, a.hardware_config))
+
+
+def _export_global(a, t0) -> None:
+    """``export blis --for EXP... --out FILE``: one defaults.yaml for every deployment of the runs
+    (betas distilled over all of them, α0 request-weighted over their first-token delays) — the
+    file ``workload validate --export global`` replays."""
+    from pathlib import Path
+
+    from roofcal.blis.deployments import export_deployment, usage, write_defaults_file
+    from roofcal.calibration.workload import export_targets
+    from roofcal.measurements.workload import read_experiments
+    from roofcal.model import coeffs as coeff_io
+    from roofcal.resources import default_model_configs
+
+    if _deployments(a):
+        raise RoofcalError("export blis: give the deployments either by --for EXP or by --model/--tp, not both")
+    if a.hardware:
+        raise RoofcalError("export blis: --for uses the hardware entry of the runs' GPU; drop --hardware")
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
+    folders = tuple(Path(p) for p in (a.model_configs or default_model_configs()))
+    targets = export_targets(read_experiments(a.experiments), folders)
+    ex = export_deployment(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay)
+    write_defaults_file(ex, a.defaults, a.out, a.coeffs)
+    print(f"wrote {a.out} in {time.time() - t0:.1f} s; it goes with each deployment's blis command:")
+    print(usage([ex], [a.out], a.hardware_config))
 
 
 def _stub(target):
@@ -201,27 +236,33 @@ def cmd_export_hardware(a) -> None:
         print(f"wrote entry '{result.name}' to {result.out}" + (f" (backup {result.backup})" if result.backup else ""))
 
 
-def _fit_options(s) -> None:
+def _fit_options(s, deployment_samples: bool = False) -> None:
     from types import SimpleNamespace
     from roofcal import resources
     from roofcal.blis import FIT_DEFAULTS
+    from roofcal.calibration import WORKLOAD_DEFAULTS
 
     d = SimpleNamespace(**FIT_DEFAULTS)          # BlisFitSettings' defaults, without importing JAX
 
     s.add_argument("--model", action="append", help="model to distil for, at every --tp, or NAME:TP[,TP...] "
-                   "(repeatable; default: the coefficient file's fit.deployments)")
+                   "(repeatable; default: the deployments of the runs the stack was calibrated on, else the "
+                   "coefficient file's fit.deployments)")
     s.add_argument("--tp", action="append", type=int, help="TP degree to distil for (repeatable; with --model)")
     s.add_argument("--hardware-config", default=str(resources.BLIS_HARDWARE),
                    help="BLIS hardware_config.json (default: the bundled one)")
     s.add_argument("--hardware", help="its entry to fit for (default: the entry aliasing the coefficients' GPU)")
-    s.add_argument("--samples", type=int, default=d.samples,
-                   help=f"distillation steps per deployment (default {d.samples})")
+    s.add_argument("--samples", type=int, default=None,
+                   help=f"distillation steps per deployment (default {d.samples}"
+                        + (f"; {WORKLOAD_DEFAULTS['samples']} with --for or --out-dir, as workload validate"
+                           if deployment_samples else "") + ")")
     s.add_argument("--seed", type=int, default=d.seed, help=f"seed of the sample and held-out split (default {d.seed})")
     s.add_argument("--holdout", type=float, default=d.holdout, help=f"held-out fraction (default {d.holdout})")
     s.add_argument("--iters", type=int, default=d.iters, help=f"L-BFGS iterations (default {d.iters})")
     s.add_argument("--stack", metavar="NAME",
                    help="serving stack to distil: a stack of the coefficient file (default: the file's own), "
                         "'none' for kernels only, or FILE:NAME to borrow one")
+    from roofcal.cli.main import add_kernels_option
+    add_kernels_option(s, "distil")
 
 
 def register(sub) -> None:
@@ -258,8 +299,9 @@ def register(sub) -> None:
                    help="write one defaults.yaml per deployment into DIR (<model>-tp<T>.yaml): betas distilled for "
                         "it, alpha0 from its own first-token delay; prints which file goes with which blis command")
     s.add_argument("--for", dest="experiments", nargs="+", metavar="EXP",
-                   help="with --out-dir: the serving runs (inference-perf folders or recorded traces) whose "
-                        "deployments and loads to export for (default: --model/--tp, at a nominal load)")
+                   help="the serving runs (inference-perf folders or recorded traces) whose deployments and "
+                        "loads to export for: with --out-dir one file per deployment, with --out one file for "
+                        "all of them (default: --model/--tp, at a nominal load)")
     s.add_argument("--per-run", action="store_true",
                    help="with --for: one file per run (the deployment at that run's load) instead of per deployment")
     s.add_argument("--model-configs", nargs="+", action="extend", metavar="DIR",
@@ -267,7 +309,7 @@ def register(sub) -> None:
                         "model_configs/, then ../shared/workload/model_configs if it exists)")
     s.add_argument("--replay-seed", dest="seed_replay", type=int, default=42,
                    help="with --for: seed of the runs' rebuilt schedules (default 42, as workload validate)")
-    _fit_options(s)
+    _fit_options(s, deployment_samples=True)
     s.set_defaults(func=cmd_export_blis, outputs=[("out", "file", "defaults file (--out)"),
                                                   ("out_dir", "dir", "folder of defaults files (--out-dir)")])
 

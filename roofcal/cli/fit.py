@@ -33,8 +33,10 @@ def cmd_fit(a) -> None:
     m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)
     kappa = a.prior_weight if a.prior_weight is not None else (FEW_SHOT_KAPPA if a.prior else None)
     weight = {} if kappa is None else {"prior_terms": kappa, "prior_scalars": kappa}
+    if a.max_rows < 1:
+        raise RoofcalError(f"--max-rows must be ≥ 1, got {a.max_rows}")
     settings = FitSettings(seed=a.seed, holdout=a.holdout, progress=not a.quiet and sys.stderr.isatty(),
-                           step_target=a.step_target, **weight)
+                           step_target=a.step_target, max_rows=a.max_rows, kernels=a.kernels, **weight)
     if (a.requests or a.context) and not m.steps:
         raise RoofcalError("--requests: measured alphas need whole steps in --data (a step JSONL of "
                            "'roofcal traces read'), whose serving stack they belong to")
@@ -76,8 +78,12 @@ def cmd_fit(a) -> None:
               + (" — borrowed from " + str(st.source["borrowed_from"]["file"]) if "borrowed_from" in st.source else ""))
     if c.stack is None:
         print("no serving stack: whole-step predictions need --stack (none, or FILE:NAME); see --stack-from")
+    for name, ks in c.kernel_sets.items():
+        print(f"kernel set '{name}'{' (default)' if name == c.kernels else ''}: {len(ks.ops)} kernels"
+              + ("; for want of rows, " + ", ".join(f"{k} from {o}" for k, o in sorted(ks.borrowed.items()))
+                 if ks.borrowed else ""))
     coeff_io.save(c, out)
-    print(metrics_table(result.coeffs.metrics))
+    print(metrics_table(c.metrics, {n: ks.metrics for n, ks in c.kernel_sets.items()}))
     print(f"wrote {out} in {time.time() - t0:.1f} s")
 
 
@@ -114,5 +120,11 @@ def register(sub) -> None:
                         "alphas measured from them (roofcal/calibration/alphas.py)")
     s.add_argument("--context", nargs="+", metavar="CSV",
                    help="their step-context tables (cycle times), for the per-output-token alpha")
+    s.add_argument("--kernels", metavar="SET",
+                   help="kernel set whole steps are fitted with, and the file's default (default: the "
+                        "newest, e.g. vllm-0.24.0); every set in --data is fitted")
+    s.add_argument("--max-rows", type=int, default=10_000, metavar="N",
+                   help="training rows fitted per kernel and kernel set (a seeded sample beyond; "
+                        "default 10000)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_fit, outputs=[("out", "file", "coefficient file (--out)")])

@@ -52,6 +52,14 @@ COMMAND_MODULES = ("roofcal.cli.predict", "roofcal.cli.fit", "roofcal.cli.bench"
                    "roofcal.cli.traces")
 
 
+def add_kernels_option(s, what: str = "predict with") -> None:
+    """The ``--kernels NAME`` option: which kernel set of the coefficient file to use."""
+    s.add_argument("--kernels", metavar="SET",
+                   help=f"kernel set of the coefficient file to {what} (e.g. vllm-0.14.0; default: "
+                        "the one its serving stack was calibrated with, else the file's default, the "
+                        "newest)")
+
+
 def _register_plugins(sub) -> None:
     import importlib
     for name in COMMAND_MODULES:

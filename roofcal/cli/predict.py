@@ -14,12 +14,13 @@ def cmd_predict(a) -> None:
     from roofcal.model.intervals import summary as interval_summary
     if a.ops:
         from roofcal.model.predict import predict_ops
-        df = predict_ops(a.ops, coeffs=a.coeffs)
+        df = predict_ops(a.ops, coeffs=a.coeffs, kernels=a.kernels)
     else:
         if not a.steps:
             raise RoofcalError("predict: give --steps FILE (step JSONL) or --ops FILE (per-op CSV)")
         from roofcal.model.predict import predict
-        df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack)
+        df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack,
+                     kernels=a.kernels)
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
     print(summary(df, "rows" if a.ops else "steps"))
@@ -30,6 +31,7 @@ def cmd_predict(a) -> None:
 
 def register(sub) -> None:
     """Add the ``predict`` subcommand."""
+    from roofcal.cli.main import add_kernels_option
     s = sub.add_parser("predict", help="predict step times (or per-op kernel times) with a breakdown")
     s.add_argument("--steps", help="step JSONL file")
     s.add_argument("--ops", help="per-op measurement CSV (predicts every row)")
@@ -40,6 +42,7 @@ def register(sub) -> None:
     s.add_argument("--stack", metavar="NAME",
                    help="serving stack for whole steps: a stack of the coefficient file (default: "
                         "the file's own), 'none' for kernels only, or FILE:NAME to borrow one")
+    add_kernels_option(s)
     s.add_argument("--out", required=True, help="output CSV")
     s.set_defaults(func=cmd_predict, outputs=[("out", "file", "prediction CSV (--out)")])
 

@@ -14,7 +14,8 @@ def cmd_residuals(a) -> None:
     t0 = time.time()
     data = a.data if a.data else None
     res = residuals(a.coeffs, data, a.out, gpu=a.gpu, model=a.model, tp=a.tp, blis=a.blis,
-                    plots=not a.no_plots, worst=a.worst, top=a.top, stack=a.stack)
+                    plots=not a.no_plots, worst=a.worst, top=a.top, stack=a.stack,
+                    kernels=a.kernels)
     for n in res.notes:
         print(f"note: {n}")
     print(terminal_text(res.summary))
@@ -40,6 +41,9 @@ def register(sub) -> None:
                    help="serving stack that scores the measured steps: a stack of the file, 'none', or "
                         "FILE:NAME (default: each step file's own — the stack fitted on it — else the "
                         "file's default)")
+    s.add_argument("--kernels", metavar="SET",
+                   help="kernel set of the coefficient file that predicts every row (default: per-op rows "
+                        "their own set's, steps their stack's)")
     s.add_argument("--model", help="model of step JSONL rows without one; keeps only its steps")
     s.add_argument("--tp", type=int, help="TP of step JSONL rows without one; keeps only its steps")
     s.add_argument("--out", required=True, metavar="DIR", help="folder for the report")

@@ -70,7 +70,7 @@ def exports_from_args(a, exps, settings, work: Path):
     from roofcal.blis.deployments import usage, write_defaults
     from roofcal.calibration.workload import export_for
     from roofcal.model import coeffs as coeff_io
-    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
     exports = export_for(c, exps, settings, a.samples, export=a.export)
     paths = write_defaults(exports, settings.defaults, work / "defaults", a.coeffs)
     per_run = {}
@@ -79,10 +79,34 @@ def exports_from_args(a, exps, settings, work: Path):
         per_run[e.name] = paths[ex]
     how = {"per-deployment": "one defaults.yaml per deployment", "per-run": "one defaults.yaml per run",
            "global": "one defaults.yaml for all deployments"}[a.export]
-    cli = {"per-deployment": "--out-dir DIR", "per-run": "--out-dir DIR --per-run", "global": "--out FILE"}[a.export]
-    text = (f"exported {a.coeffs} (stack {c.stack or 'none'}) as {how} "
-            f"(roofcal export blis --coeffs {a.coeffs} --for EXP... {cli}):\n" + usage(exports, paths))
+    text = (f"exported {a.coeffs} (stack {c.stack or 'none'}, kernels {c.kernels}) as {how}; the same files: "
+            f"{export_command(a)}\n" + usage(exports, paths, settings.hardware_config))
     return per_run, text
+
+
+def export_command(a) -> str:
+    """The ``roofcal export blis`` command that writes the files ``workload validate`` replays
+    with these options (same coefficients, stack, kernels, defaults, runs, samples and seed)."""
+    import shlex
+    from roofcal.calibration import WORKLOAD_DEFAULTS
+    from roofcal.resources import BLIS_DEFAULTS, BLIS_HARDWARE
+    args = ["roofcal", "export", "blis", "--coeffs", a.coeffs, "--defaults", str(a.defaults)]
+    if a.stack:
+        args += ["--stack", a.stack]
+    if a.kernels:
+        args += ["--kernels", a.kernels]
+    if Path(a.hardware_config).resolve() != BLIS_HARDWARE.resolve():
+        args += ["--hardware-config", str(a.hardware_config)]
+    if a.model_configs:
+        args += ["--model-configs", *map(str, a.model_configs)]
+    if a.samples != WORKLOAD_DEFAULTS["samples"]:
+        args += ["--samples", str(a.samples)]
+    if a.seed != 42:
+        args += ["--replay-seed", str(a.seed)]
+    args += ["--for", *map(str, a.experiments)]
+    args += {"per-deployment": ["--out-dir", "DIR"], "per-run": ["--out-dir", "DIR", "--per-run"],
+             "global": ["--out", "FILE"]}[a.export]
+    return shlex.join(args)
 
 
 def cmd_trace(a) -> None:
@@ -122,7 +146,7 @@ def cmd_trace(a) -> None:
 
 
 def _print_commands(v, keep) -> None:
-    print("\nBLIS command per run" + (f" (run in {keep}/<run>/, where its files are)" if keep else
+    print("\nBLIS command per run" + (f" (run in {Path(keep) / '<run>'}/, where its files are)" if keep else
           " (as run in a temporary folder: --keep DIR keeps the files, or 'roofcal workload trace' "
           "writes the trace and 'roofcal export blis' the defaults files):"))
     for r in v.results:
@@ -165,7 +189,7 @@ def _print_saturation(a, exps, settings) -> None:
     from roofcal.calibration.workload import saturation_rows
     from roofcal.model import coeffs as coeff_io
     from roofcal.tables import table
-    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
     rows = saturation_rows(c, exps, settings.model_configs, settings.seed)
     print("\nWhere each deployment saturates for its run's requests (steady state of the native model, "
           "busiest stage; roofcal workload saturation):\n")
@@ -187,7 +211,7 @@ def cmd_saturation(a) -> None:
             raise RoofcalError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(a, name)}")
     if not 0 <= a.cached < a.prompt:
         raise RoofcalError(f"--cached must be in [0, --prompt), got {a.cached}")
-    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True)
+    c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
     spec, gpu = load_model(a.model), load_gpu(a.gpu or c.gpu)
     c.check_gpu(gpu, where="--gpu")
     check_tp(spec, a.tp)
@@ -213,7 +237,7 @@ def cmd_calibrate(a) -> None:
     settings = settings_from_args(a)
     ws = WorkloadSettings(refreshes=a.refreshes, samples=a.samples, first_token_cycles=a.first_token_cycles,
                           export=a.export)
-    res = calibrate_file(a.coeffs, exps, settings, ws, out, name=a.name, holdout=a.holdout)
+    res = calibrate_file(a.coeffs, exps, settings, ws, out, name=a.name, holdout=a.holdout, kernels=a.kernels)
     print(res.text)
     print(f"wrote stack '{a.name}' into {out} in {res.seconds:.0f} s")
 
@@ -230,7 +254,8 @@ def cmd_lomo(a) -> None:
     settings = settings_from_args(a)
     held, m, within, reports = leave_one_model_out(
         a.coeffs, exps, settings, WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
-                                                   first_token_cycles=a.first_token_cycles, export=a.export))
+                                                   first_token_cycles=a.first_token_cycles, export=a.export),
+        kernels=a.kernels)
     cols = ["experiment", "overload"] + [f"err_{k}_pct" for k in ("e2e", "ttft", "itl")]
     print(table(held.to_dict("records"), cols, floats="{:+.1f}"))
     n = int((~held["overload"].astype(bool)).sum())
@@ -242,7 +267,9 @@ def cmd_lomo(a) -> None:
         print(f"wrote {a.out}")
 
 
-def _replay_options(s, experiments: bool = True) -> None:
+def _replay_options(s, experiments: bool = True, trace: bool = False) -> None:
+    """The options of commands that replay runs in BLIS (``trace``: of ``workload trace``, which
+    writes traces and prints the commands, without --replay or --coeffs)."""
     from roofcal.blis import REPLAYS
     from roofcal.resources import BLIS_DEFAULTS, BLIS_HARDWARE
     if experiments:
@@ -251,12 +278,17 @@ def _replay_options(s, experiments: bool = True) -> None:
                             "or a folder of them")
     s.add_argument("--blis", metavar="PATH", help="BLIS binary (default: $ROOFCAL_BLIS)")
     s.add_argument("--defaults", default=str(BLIS_DEFAULTS), metavar="FILE",
-                   help="BLIS defaults.yaml, whose trained_physics_coefficients are used unless --coeffs "
-                        "(default: BLIS's own, bundled)")
-    s.add_argument("--replay", choices=REPLAYS, default="trace",
-                   help="trace: each run's faithful TraceV2 through blis replay — open-loop sends as the client "
-                        "scheduled them, the prompt pool as prefix groups, generated tokens (default); "
-                        "expansion: BLIS's own closed-loop inference_perf expansion through blis run (to compare)")
+                   help=("BLIS defaults.yaml the printed blis replay commands name" if trace else
+                         "BLIS defaults.yaml, whose trained_physics_coefficients are used unless --coeffs")
+                        + " (default: BLIS's own, bundled)")
+    if trace:
+        s.set_defaults(replay="trace")
+    else:
+        s.add_argument("--replay", choices=REPLAYS, default="trace",
+                       help="trace: each run's faithful TraceV2 through blis replay — open-loop sends as the "
+                            "client scheduled them, the prompt pool as prefix groups, generated tokens (default); "
+                            "expansion: BLIS's own closed-loop inference_perf expansion through blis run (to "
+                            "compare)")
     s.add_argument("--seed", type=int, default=42, help="seed of the rebuilt schedules and BLIS (default 42)")
     s.add_argument("--model-configs", nargs="+", action="extend", metavar="DIR",
                    help="folders of <model>/config.json, searched in order (default: the bundled "
@@ -271,11 +303,13 @@ def _replay_options(s, experiments: bool = True) -> None:
 
 
 def _calibration_options(s) -> None:
+    from roofcal.cli.main import add_kernels_option
     from types import SimpleNamespace
     from roofcal.calibration import WORKLOAD_DEFAULTS
     d = SimpleNamespace(**WORKLOAD_DEFAULTS)     # WorkloadSettings' defaults, without importing JAX
     _replay_options(s)
     s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its kernel corrections are kept)")
+    add_kernels_option(s, "calibrate the stack with (recorded in it)")
     s.add_argument("--refreshes", type=int, default=d.refreshes,
                    help=f"BLIS replays of the runs per calibration (default {d.refreshes})")
     s.add_argument("--samples", type=int, default=d.samples,
@@ -290,6 +324,7 @@ def _calibration_options(s) -> None:
 
 def register(sub) -> None:
     """Add ``workload`` (trace, validate, saturation, calibrate, lomo) to the ``roofcal`` subcommands."""
+    from roofcal.cli.main import add_kernels_option
     from roofcal.calibration import WORKLOAD_DEFAULTS
     w = sub.add_parser("workload", help="serving runs as BLIS traces, replayed in BLIS; serving-stack calibration")
     ws = w.add_subparsers(dest="workload_command", required=True)
@@ -298,7 +333,7 @@ def register(sub) -> None:
                                   "schedule rebuilt from what it ran (open-loop sends, the prompt pool as prefix "
                                   "groups, generated tokens, the client's timeout), or a recorded trace from its "
                                   "first send; prints the blis replay command of each (with --blis).")
-    _replay_options(s)
+    _replay_options(s, trace=True)
     s.add_argument("--out", required=True, metavar="DIR", help="folder to write the traces into")
     s.set_defaults(func=cmd_trace, outputs=[("out", "dir", "trace folder (--out)")])
 
@@ -310,6 +345,7 @@ def register(sub) -> None:
     s.add_argument("--coeffs", metavar="FILE",
                    help="roofcal coefficient file to export (as --export says) and replay instead of --defaults' coefficients")
     s.add_argument("--stack", metavar="NAME", help="its serving stack (default: the file's own; 'none' = kernels only)")
+    add_kernels_option(s, "export with")
     s.add_argument("--export", choices=EXPORTS, default="per-deployment", help=EXPORT_HELP)
     s.add_argument("--samples", type=int, default=WORKLOAD_DEFAULTS["samples"],
                    help=f"distillation steps per deployment (default {WORKLOAD_DEFAULTS['samples']})")
@@ -324,6 +360,7 @@ def register(sub) -> None:
                                   "the token budget).")
     s.add_argument("--coeffs", required=True, metavar="FILE", help="coefficient file (its serving stack)")
     s.add_argument("--stack", metavar="NAME", help="its serving stack (default: the file's own)")
+    add_kernels_option(s)
     s.add_argument("--model", required=True, help="bundled model name or config.json")
     s.add_argument("--gpu", help="GPU (default: the coefficient file's)")
     s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")

@@ -194,13 +194,40 @@ def _filter_steps(steps: list, model, tp) -> list:
         steps = [d for d in steps if d.tp == int(tp)]
     return steps
 
-def _stack_groups(c, stack, steps, provenance, notes) -> list[tuple[list, dict]]:
+def _kernel_residuals_by_set(ops, c, spec, kernels, notes) -> pd.DataFrame:
+    """:func:`kernel_residuals` of per-op rows, each kernel set's rows with the file's set of
+    that name (``kernels`` None) or all with set ``kernels``; with several sets, each row's
+    ``key`` is prefixed by its set."""
+    from roofcal.model import coeffs as coeff_io
+    ops = ops.reset_index(drop=True)
+    sets = ops["kernels"].astype(str).to_numpy() if "kernels" in ops else np.full(len(ops), "", object)
+    if kernels is not None:
+        c = coeff_io.with_kernels(c, kernels)
+    names = sorted(set(sets.tolist()) - {""}) or [""]
+    frames = []
+    for name in names:                     # the shared rows (NCCL: set "") go with the first set
+        sel = np.flatnonzero((sets == name) | ((sets == "") & (name == names[0])))
+        use = c
+        if kernels is None and name in c.kernel_sets:
+            use = coeff_io.with_kernels(c, name)
+        elif name and kernels is None:
+            notes.append(f"per-op rows of kernel set '{name}' predicted with the file's '{c.kernels}' "
+                         f"(it has {', '.join(c.kernel_sets)})")
+        part = kernel_residuals(ops.iloc[sel], use.params, spec)    # in the order of sel
+        if len(names) > 1:
+            part["key"] = name + " " + part["key"]
+        frames.append(part.assign(_row=sel))
+    out = pd.concat(frames, ignore_index=True).sort_values("_row", kind="stable")
+    return out.drop(columns="_row").reset_index(drop=True)
+
+
+def _stack_groups(c, stack, steps, provenance, notes, kernels=None) -> list[tuple[list, dict]]:
     """[(steps, params)]: the measured steps grouped by the serving stack that scores them —
     ``stack`` for all when given, else each step file's own stack (the one fitted on it), else
     the file's default stack; one note per file says which."""
     from roofcal.model import coeffs as coeff_io
     if stack is not None:
-        cs = coeff_io.resolve_stack(c, stack, required=True)
+        cs = coeff_io.resolve_stack(c, stack, required=True, kernels=kernels)
         notes.append(f"steps scored with serving stack '{cs.stack or 'none'}' (--stack)")
         return [(steps, cs.params)]
     sha = {p["path"]: p["sha256"] for p in provenance}
@@ -212,11 +239,13 @@ def _stack_groups(c, stack, steps, provenance, notes) -> list[tuple[list, dict]]
         note = f"{d.source}: scored with serving stack '{own or c.stack}' ({how}; --stack to choose)"
         if note not in notes:
             notes.append(note)
-    return [(ds, coeff_io.resolve_stack(c, name, required=True).params) for name, ds in groups.items()]
+    return [(ds, coeff_io.resolve_stack(c, name, required=True, kernels=kernels).params)
+            for name, ds in groups.items()]
 
 
 def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=None, blis=None,
-              plots: bool = True, worst: int = 20, top: int = 12, stack: str | None = None) -> Residuals:
+              plots: bool = True, worst: int = 20, top: int = 12, stack: str | None = None,
+              kernels: str | None = None) -> Residuals:
     """Inspect the residuals of a coefficient file on measurements; write the report to ``out_dir``.
 
     ``coeffs``: a roofcal coefficient file (path or :class:`~roofcal.coeffs.Coefficients`); its GPU
@@ -227,7 +256,9 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
     paths, or a :class:`~roofcal.datasets.Measurements`. ``model`` / ``tp`` name the deployment of
     step JSONL rows without one, and keep only steps of that model / TP. ``stack``: the serving
     stack that scores the measured steps (default: each file's own — the stack fitted on it —
-    else the file's default; the notes say which).
+    else the file's default; the notes say which). ``kernels``: the kernel set that predicts
+    everything (default: per-op rows their own set when the file has it — the ``kernels`` column
+    of a bundled table — else the file's default; steps their stack's set).
 
     Writes ``residuals.csv`` (one row per measurement), ``attribution.csv``, ``summary.md`` and
     the PNG plots, each atomically and only after everything was computed: bad input raises
@@ -242,14 +273,15 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
     frames = []
     if m.ops is not None and len(m.ops):
         if c is not None:
-            frames.append(kernel_residuals(m.ops, c.params, spec))
+            frames.append(_kernel_residuals_by_set(m.ops, c, spec, kernels, notes))
         else:
             notes.append(f"{len(m.ops)} per-op rows skipped: BLIS predicts whole steps only "
                          "(give --coeffs too to inspect them)")
     if steps and b is not None:
         frames.append(blis_step_residuals(steps, b))
     elif steps:
-        frames += [step_residuals(ds, params) for ds, params in _stack_groups(c, stack, steps, m.provenance, notes)]
+        frames += [step_residuals(ds, params)
+                   for ds, params in _stack_groups(c, stack, steps, m.provenance, notes, kernels)]
     elif b is not None:
         raise RoofcalError("residuals: --blis needs step measurements, and the data has none"
                            + (" matching --model/--tp" if m.steps else ""))

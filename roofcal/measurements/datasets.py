@@ -20,7 +20,8 @@ from roofcal.measurements.stepdata import SPLITWISE_COLUMNS, read_splitwise, rea
 
 #: what ``roofcal fit --gpu G`` fits when no ``--data`` is given (relative to the source tree)
 BUNDLED = {
-    "h100_sxm": ["data/microbench/h100_sxm/vllm-0.14.0", "data/microbench/h100_sxm/nccl-2.27.3",
+    "h100_sxm": ["data/microbench/h100_sxm/vllm-0.14.0", "data/microbench/h100_sxm/vllm-0.24.0",
+                 "data/microbench/h100_sxm/nccl-2.27.3",
                  "data/steps/splitwise/llama2-70b_h100-80gb_tp4_tp8.csv"],
     "a100_sxm": ["data/microbench/a100_sxm/vllm-0.14.0", "data/microbench/a100_sxm/nccl-2.27.3"],
 }
@@ -100,7 +101,14 @@ def load(paths, gpu: str | None = None, model=None, tp=None) -> Measurements:
     return m
 
 
-def microbench_table(gpu: str):
-    """All bundled per-op rows of a GPU (vLLM kernels and NCCL), as one table."""
+def microbench_table(gpu: str, kernels: str | None = None):
+    """All bundled per-op rows of a GPU (vLLM kernels and NCCL), as one table; with ``kernels``,
+    only that kernel set's rows and the shared ones (NCCL)."""
     paths = [p for p in bundled_paths(gpu) if "microbench" in str(p)]
-    return load(paths, gpu=gpu).ops.reset_index(drop=True)
+    df = load(paths, gpu=gpu).ops
+    if kernels is not None:
+        if kernels not in set(df["kernels"]):
+            raise RoofcalError(f"no bundled {gpu} per-op rows of kernel set '{kernels}' (sets: "
+                               f"{', '.join(sorted(set(df['kernels']) - {''}))})")
+        df = df[df["kernels"].isin([kernels, ""])]
+    return df.reset_index(drop=True)

@@ -18,6 +18,21 @@ op                 shape columns                                                
 balanced, else the power-law exponent). The bundled aiconfigurator parquet tables (latency in ms)
 are read directly and converted to this form. What each row's kernel computes is
 :mod:`roofcal.physics.kernels`; its prediction :func:`roofcal.model.predict.predict_table`.
+
+**Kernel sets.** Every row carries ``kernels``, the kernel library it was measured in: the name
+of the nearest folder called ``<framework>-<version>`` (``vllm-0.14.0``) — a fit corrects each
+set on its own (:func:`roofcal.calibration.fit.fit`) — or ``""`` for tables every set shares
+(``nccl-*``: NCCL does not change with vLLM) and for files outside such folders.
+
+Facts of the bundled vLLM 0.24 tables (from aiconfigurator's collector at that build, commit
+d5bad971c; checked against the data):
+
+* its FP8 block-scaled GEMMs were timed **without CUDA graphs** (``use_cuda_graph = gemm_type !=
+  "fp8_block"``), so each row carries the host's launch time — floors of 55 µs (FlashInfer),
+  77 µs (DeepGemm) and 151 µs (CUTLASS) that no step of a CUDA-graphed server pays. They are left
+  out (:data:`NOT_IN_GRAPH`); the set has no ``gemm/fp8_block`` rows of its own;
+* ``w4a16_mxfp4`` MoE rows are MXFP4 kernels (Marlin and gpt-oss Triton), not the int4 Marlin
+  kernel of ``int4_wo``; no bundled model uses MXFP4, so they are left out rather than pooled.
 """
 
 from __future__ import annotations
@@ -36,9 +51,28 @@ from roofcal.physics.kernels import ALL_SHAPES, DTYPES, SHAPE_COLUMNS
 #: (256 experts, top-8) lie between the model's curves for 0.3α and 0.7α.
 POWER_LAW_EXPONENT = 0.5
 
-# aiconfigurator's names → ours
-_DTYPE = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block",
-          "int4_wo": "int4", "w4a16_mxfp4": "int4"}
+# aiconfigurator's names → ours (MXFP4 left out: see the module docstring)
+_DTYPE = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "int4_wo": "int4"}
+#: (kernel set, op, dtype) of tables timed outside CUDA graphs, left out (module docstring)
+NOT_IN_GRAPH = {("vllm-0.24.0", "gemm", "fp8_block")}
+
+
+def kernel_set_of(path: str | Path) -> str:
+    """The kernel set of a measurement file: the nearest folder named ``<framework>-<version>``
+    whose framework is not NCCL (``vllm-0.14.0``), else ``""`` (shared by every set)."""
+    import re
+    for part in reversed(Path(path).parts[:-1]):
+        m = re.fullmatch(r"([a-z][a-z0-9_]*)-(\d+(?:\.\d+)*)", part.lower())
+        if m:
+            return "" if m.group(1) == "nccl" else part
+    return ""
+
+
+def kernel_set_order(name: str) -> tuple:
+    """Sort key of kernel sets, oldest first: framework, then its version numerically."""
+    import re
+    m = re.fullmatch(r"(.*?)-(\d+(?:\.\d+)*)", name)
+    return (m.group(1), tuple(int(x) for x in m.group(2).split("."))) if m else (name, ())
 _GPU = {"NVIDIA H100 80GB HBM3": "h100_sxm", "NVIDIA A100-SXM4-80GB": "a100_sxm"}
 
 
@@ -182,8 +216,16 @@ def read_ops(path: str | Path, gpu: str | None = None) -> pd.DataFrame:
             raise RoofcalError(f"{path}: not a readable parquet file ({type(e).__name__})")
         if "latency" not in raw.columns:
             raise RoofcalError(f"{path}: missing column 'latency'")
-        return validate_table(from_aiconfigurator(raw, display(path), gpu), display(path))
-    return read_ops_csv(path)
+        df = validate_table(from_aiconfigurator(raw, display(path), gpu), display(path))
+    else:
+        df = read_ops_csv(path)
+    kset = kernel_set_of(path)
+    df["kernels"] = kset
+    drop = np.zeros(len(df), bool)
+    for s, op, dt in NOT_IN_GRAPH:
+        if s == kset:
+            drop |= ((df["op"] == op) & (df["dtype"] == dt)).to_numpy()
+    return df[~drop].reset_index(drop=True)
 
 
 def write_ops_csv_text(df: pd.DataFrame) -> str:

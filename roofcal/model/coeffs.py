@@ -1,45 +1,59 @@
-"""Coefficient files: the fitted correction layer as documented YAML (schema ``roofcal-coeffs/1``).
+"""Coefficient files: the fitted correction layer as documented YAML (schema ``roofcal-coeffs/3``).
 
 Layout (every value in physical units)::
 
-    schema: roofcal-coeffs/1
+    schema: roofcal-coeffs/3
     roofcal_version: 0.1.0
     gpu: {name: h100_sxm, datasheet_sha256: …}   # the datasheet it was fitted for
     calibrated: true                               # false for a zero-shot bootstrap
     notes: [...]                                   # assumptions, e.g. of a bootstrap
     data: [{path, sha256, kind, rows}, ...]        # measurement provenance
     fit: {...}                                     # settings: seed, loss, steps, split, ...
-    metrics: {heldout: {...}, train: {...}}        # MAPE etc. per op and step phase
-    ops:
-      gemm/bf16:                                   # kernel kind / variant (dtype or backend)
-        latency_us: 2.3                            # fixed cost per call, µs ≥ 0
-        sharpness: 2.9                             # soft-max q ≥ 1
-        range: {m: [1, 8192], n: [...], ...}       # shapes seen in fitting; clamped outside
-        compute_efficiency: {"1": 1.2, m: 0.4, ...}   # logit-polynomial terms (see correction.py)
-        memory_efficiency: {...}
+    metrics: {heldout: {...}, train: {...}}        # whole-step MAPE etc. per phase (the fitted stack)
+    kernels: vllm-0.24.0                           # the kernel set used by default
+    kernel_sets:                                   # kernel corrections per kernel library (vLLM version)
+      vllm-0.24.0:
+        data: [path, ...]                          # the per-op files of this set (``data`` above)
+        borrowed: {gemm/fp8_block: vllm-0.14.0}    # kernels this set has no rows of, from another set
+        metrics: {heldout: {...}, train: {...}}    # per-op MAPE etc. per kernel
+        ops:
+          gemm/bf16:                               # kernel kind / variant (dtype or backend)
+            latency_us: 2.3                        # fixed cost per call, µs ≥ 0
+            sharpness: 2.9                         # soft-max q ≥ 1
+            range: {m: [1, 8192], n: [...], ...}   # shapes seen in fitting; clamped outside
+            compute_efficiency: {"1": 1.2, m: 0.4, ...}   # logit-polynomial terms (see correction.py)
+            memory_efficiency: {...}
+        intervals:                                 # 80 % prediction bands (roofcal/model/intervals.py)
+          level: 0.8
+          source: {...}                            # which residuals, how
+          ops: {gemm/bf16: {all: {p10, p90, n}, compute: ..., memory: ...}, allreduce/nccl: {all: ...}}
     stack: splitwise                               # the serving stack used by default (null: none)
     stacks:                                        # named serving stacks: what a step costs beyond its kernels
       splitwise:
-        source: {kind: steps, data: [{path, sha256, rows}], ...}   # where this layer came from
+        source: {kind: steps, kernels: vllm-0.24.0, data: [...], ...}   # where this layer came from
         overheads_us: {step_us, layer_us, prefill_seq_us, decode_seq_us, token_us, allreduce_peer_us}
         kernel_scales: {gemm, attention, moe, allreduce, elementwise}   # in-step / isolated, > 0
         mix_sharpness: 1.0                         # prefill–decode attention soft max, ≥ 1
         overlap_sharpness: 1.0                     # CPU–GPU soft max, ≥ 1 (1 = serial sum)
         alphas_us: {queueing_us, post_decode_us, output_token_us}   # BLIS's α0, α1, α2 (µs)
         intervals: {prefill: {p10, p90, n}, decode: ...}   # measured/predicted band of held-out steps
-    intervals:                                     # 80 % prediction bands (roofcal/model/intervals.py)
-      level: 0.8
-      source: {...}                                # which residuals, how
-      ops: {gemm/bf16: {all: {p10, p90, n}, compute: ..., memory: ...}, allreduce: {all: ...}}
 
-Loading validates everything and refuses files for another GPU or schema version; a
+**Kernel sets.** Kernels change with the library that runs them (vLLM 0.24's FP8 MoE is a
+different kernel from 0.14's), so a file keeps one set of kernel corrections per kernel library,
+named after the folder of its measurements (:func:`roofcal.measurements.ops.kernel_set_of`).
+One set is active at a time (:func:`with_kernels`): ``params["ops"]`` and ``intervals`` are its
+corrections and bands. A serving stack records the set it was calibrated with
+(``source.kernels``), and :func:`resolve_kernels` picks it when the user names none.
+
+Loading validates everything and refuses files for another GPU or schema version. Older files
+read as one kernel set (named after their per-op data's folder, else ``unversioned``); a
 ``roofcal-coeffs/1`` file's single ``step`` block reads as one stack named ``schema-1``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -53,14 +67,16 @@ from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.io import read_yaml, write_text_atomic
 
-SCHEMA = "roofcal-coeffs/2"
+SCHEMA = "roofcal-coeffs/3"
 #: schema versions this roofcal reads
-READS = ("roofcal-coeffs/1", SCHEMA)
+READS = ("roofcal-coeffs/1", "roofcal-coeffs/2", SCHEMA)
 #: BLIS's alphas, in its order: α0 API ingestion before queueing (µs per request), α1 once per
 #: completed request, α2 per output token (metrics only, see docs/blis-latency-models.md §1.7)
 ALPHAS = ("queueing_us", "post_decode_us", "output_token_us")
 #: ``--stack`` value for kernels only: no serving stack (no overheads, kernels as in isolation)
 NO_STACK = "none"
+#: the name of the kernel set of measurements outside a ``<framework>-<version>`` folder
+UNVERSIONED = "unversioned"
 
 
 @dataclass
@@ -76,8 +92,31 @@ class Stack:
 
 
 @dataclass
+class KernelSet:
+    """The kernel corrections of one kernel library: raw parameters per kernel (as
+    :mod:`roofcal.model.correction` keeps them), the per-op files they were fitted on, their
+    per-kernel metrics, their 80 % bands (``{"ops": {kernel or kind: {stratum: Band}},
+    "source": {...}}``) and the kernels taken from another set for want of rows
+    (``{kernel: set name}``)."""
+
+    ops: dict
+    data: list = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    intervals: dict = field(default_factory=dict)
+    borrowed: dict = field(default_factory=dict)
+
+
+@dataclass
 class Coefficients:
-    """A fitted (or bootstrapped) correction layer for one GPU, with its provenance."""
+    """A fitted (or bootstrapped) correction layer for one GPU, with its provenance.
+
+    ``kernel_sets`` hold the kernel corrections; ``params["ops"]`` and ``intervals`` mirror the
+    active one (``kernels``), as ``params["step"]`` mirrors the active stack; a stack brings the
+    set it was calibrated with (:func:`with_stack`), else the file's ``default_kernels``. Given explicitly
+    (other objects than the active set's), ``params["ops"]`` and ``intervals`` replace the active
+    set's; without kernel sets they become one set, ``unversioned``. ``metrics`` are the
+    whole-step ones; :attr:`all_metrics` adds the active set's per-op ones.
+    """
 
     gpu: str
     datasheet_sha256: str
@@ -90,12 +129,46 @@ class Coefficients:
     source: str = "<memory>"
     stacks: dict = field(default_factory=dict)      # name → Stack
     stack: str | None = None                        # the stack in params["step"] (None: no stack)
-    intervals: dict = field(default_factory=dict)   # {"ops": {kernel or kind: {stratum: Band}}, "source": {...}}
+    intervals: dict | None = None                   # the active set's bands (mirror)
+    kernel_sets: dict = field(default_factory=dict)  # name → KernelSet
+    kernels: str | None = None                      # the active kernel set
+    default_kernels: str | None = None              # the file's default kernel set (``kernels:``)
+
+    def __post_init__(self):
+        if not self.kernel_sets:
+            self.kernel_sets = {UNVERSIONED: KernelSet(dict(self.params.get("ops", {})),
+                                                       intervals=dict(self.intervals or {}))}
+            self.kernels = UNVERSIONED
+        if self.kernels not in self.kernel_sets:
+            self.kernels = newest_kernel_set(self.kernel_sets)
+        if self.default_kernels not in self.kernel_sets:
+            self.default_kernels = self.kernels
+        ks = self.kernel_sets[self.kernels]
+        ops = self.params.get("ops", ks.ops)
+        bands = ks.intervals if self.intervals is None else self.intervals
+        if ops is not ks.ops or bands is not ks.intervals:
+            ks = replace(ks, ops=ops, intervals=bands)
+            self.kernel_sets = {**self.kernel_sets, self.kernels: ks}
+        self.params = {**self.params, "ops": ks.ops}
+        self.intervals = ks.intervals
+
+    @property
+    def all_metrics(self) -> dict:
+        """{'train'|'heldout': {...}}: the active kernel set's per-op metrics and the whole-step
+        ones."""
+        ks = self.kernel_sets[self.kernels].metrics
+        return {split: {**ks.get(split, {}), **self.metrics.get(split, {})}
+                for split in ("train", "heldout")}
 
     @property
     def op_bands(self) -> dict:
         """{kernel or kind: {stratum: Band}} of the per-op prediction bands (empty: none)."""
         return self.intervals.get("ops", {})
+
+    @property
+    def kernel_set(self) -> KernelSet:
+        """The active kernel set."""
+        return self.kernel_sets[self.kernels]
 
     @property
     def stack_bands(self) -> dict:
@@ -185,17 +258,17 @@ def intervals_to_dict(iv: dict) -> dict:
             "ops": IV.bands_to_dict(iv.get("ops", {}))}
 
 
-def intervals_from_dict(d, src: str) -> dict:
+def intervals_from_dict(d, src: str, where: str = "intervals") -> dict:
     if d is None:
         return {}
     if not isinstance(d, dict):
-        raise RoofcalError(f"{src}: field 'intervals' must be a mapping")
+        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
     if d.get("level") != IV.LEVEL:
-        raise RoofcalError(f"{src}: field 'intervals.level' must be {IV.LEVEL}, got {d.get('level')!r}")
+        raise RoofcalError(f"{src}: field '{where}.level' must be {IV.LEVEL}, got {d.get('level')!r}")
     if not isinstance(d.get("source", {}), dict):
-        raise RoofcalError(f"{src}: field 'intervals.source' must be a mapping")
+        raise RoofcalError(f"{src}: field '{where}.source' must be a mapping")
     return {"source": dict(d.get("source", {})),
-            "ops": IV.bands_from_dict(d.get("ops", {}), f"{src}: field 'intervals.ops")}
+            "ops": IV.bands_from_dict(d.get("ops", {}), f"{src}: field '{where}.ops")}
 
 
 def params_to_dict(params: dict) -> dict:
@@ -212,9 +285,17 @@ def _finite(v, where: str, minimum: float | None = None) -> float:
 
 #: the fields of a kernel entry (``ops.<kind>/<variant>``)
 OP_FIELDS = ("latency_us", "sharpness", "range", "compute_efficiency", "memory_efficiency")
-#: the top-level fields of a coefficient file (``step`` only in schema 1)
-TOP_FIELDS = ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics", "ops", "step",
-              "stack", "stacks", "intervals")
+#: the top-level fields of a coefficient file per schema
+TOP_FIELDS = {
+    "roofcal-coeffs/1": ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics",
+                         "ops", "step", "intervals"),
+    "roofcal-coeffs/2": ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics",
+                         "ops", "stack", "stacks", "intervals"),
+    SCHEMA: ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics", "kernels",
+             "kernel_sets", "stack", "stacks"),
+}
+#: the fields of a kernel set (``kernel_sets.<name>``)
+KERNEL_SET_FIELDS = ("data", "borrowed", "metrics", "ops", "intervals")
 
 
 def op_from_dict(key: str, d: dict, src: str) -> dict:
@@ -315,13 +396,111 @@ def stack_from_dict(d, src: str, name: str) -> Stack:
     return Stack(step_from_dict(d, src, where), alphas, source, bands)
 
 
-def params_from_dict(d: dict, src: str) -> dict:
-    """Kernel corrections of a file (``ops``), with the neutral step level (see :func:`load`)."""
-    ops = d.get("ops") or {}
+def ops_from_dict(ops, src: str, where: str = "ops") -> dict:
+    """Raw kernel corrections of an ``ops`` block."""
+    if ops is None:
+        return {}
     if not isinstance(ops, dict):
-        raise RoofcalError(f"{src}: field 'ops' must be a mapping")
-    return {"ops": {key: op_from_dict(key, v, src) for key, v in ops.items()},
-            "step": K.neutral_step_params()}
+        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
+    prefix = where[:-len("ops")] if where.endswith("ops") else ""
+    out = {}
+    for key, v in ops.items():
+        try:
+            out[key] = op_from_dict(key, v, src)
+        except RoofcalError as err:
+            raise RoofcalError(str(err).replace("field 'ops.", f"field '{prefix}ops.", 1)) from None
+    return out
+
+
+def kernel_set_to_dict(ks: KernelSet) -> dict:
+    d = {"data": list(ks.data)}
+    if ks.borrowed:
+        d["borrowed"] = dict(sorted(ks.borrowed.items()))
+    d["metrics"] = dict(ks.metrics)
+    d.update(params_to_dict({"ops": ks.ops}))
+    if ks.intervals:
+        d["intervals"] = intervals_to_dict(ks.intervals)
+    return d
+
+
+def kernel_set_from_dict(d, src: str, name: str) -> KernelSet:
+    where = f"kernel_sets.{name}"
+    if not isinstance(d, dict):
+        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
+    extra = sorted(set(d) - set(KERNEL_SET_FIELDS), key=str)
+    if extra:
+        raise RoofcalError(f"{src}: field '{where}.{extra[0]}' is not a kernel-set field "
+                           f"({', '.join(KERNEL_SET_FIELDS)})")
+    for key, typ in (("data", list), ("metrics", dict), ("borrowed", dict)):
+        if not isinstance(d.get(key, typ()), typ):
+            raise RoofcalError(f"{src}: field '{where}.{key}' must be a {typ.__name__}")
+    ops = ops_from_dict(d.get("ops"), src, f"{where}.ops")
+    for key, other in d.get("borrowed", {}).items():
+        if key not in ops or not isinstance(other, str):
+            raise RoofcalError(f"{src}: field '{where}.borrowed.{key}' must name the set a kernel of "
+                               f"'{where}.ops' was taken from")
+    return KernelSet(ops, list(d.get("data", [])), dict(d.get("metrics", {})),
+                     intervals_from_dict(d.get("intervals"), src, f"{where}.intervals"),
+                     dict(d.get("borrowed", {})))
+
+
+def kernel_sets_from_dict(d: dict, src: str) -> tuple[dict, str]:
+    """({name: KernelSet}, default name) of a file. Schema 1 and 2 files hold one set (``ops``,
+    ``intervals`` at the top), named after the folder of their per-op data."""
+    if d.get("schema") != SCHEMA:
+        from roofcal.measurements.ops import kernel_set_of
+        files = [r["path"] for r in d.get("data") or [] if isinstance(r, dict)
+                 and isinstance(r.get("path"), str) and not str(r.get("kind", "")).startswith("steps")]
+        names = {kernel_set_of(f) for f in files} - {""}
+        name = names.pop() if len(names) == 1 else UNVERSIONED
+        return {name: KernelSet(ops_from_dict(d.get("ops"), src), files,
+                                _kernel_metrics_of(d.get("metrics", {})),
+                                intervals_from_dict(d.get("intervals"), src))}, name
+    raw = d.get("kernel_sets")
+    if not isinstance(raw, dict) or not raw:
+        raise RoofcalError(f"{src}: field 'kernel_sets' must map kernel-set names to kernel sets")
+    sets = {str(k): kernel_set_from_dict(v, src, str(k)) for k, v in raw.items()}
+    default = d.get("kernels")
+    if default not in sets:
+        raise RoofcalError(f"{src}: field 'kernels' names {default!r}, which is not in 'kernel_sets' "
+                           f"({', '.join(sets)})")
+    return sets, default
+
+
+def _kernel_metrics_of(m) -> dict:
+    """The per-op part of an older file's top-level metrics (keys ``<kind>/<variant>``)."""
+    if not isinstance(m, dict):
+        return {}
+    return {split: {k: v for k, v in (m.get(split) or {}).items() if k.split("/")[0] in K.OP_KINDS}
+            for split in ("train", "heldout")}
+
+
+def _step_metrics_of(m) -> dict:
+    """The whole-step part of a file's top-level metrics."""
+    if not isinstance(m, dict):
+        return {}
+    return {split: {k: v for k, v in (m.get(split) or {}).items() if k.split("/")[0] not in K.OP_KINDS}
+            for split in ("train", "heldout")}
+
+
+def newest_kernel_set(sets) -> str:
+    """The newest of some kernel-set names (framework, then version numerically)."""
+    from roofcal.measurements.ops import kernel_set_order
+    return max(sets, key=kernel_set_order)
+
+
+def with_kernels(c: "Coefficients", name: str) -> "Coefficients":
+    """``c`` predicting with kernel set ``name`` (one of ``c.kernel_sets``)."""
+    if name not in c.kernel_sets:
+        raise RoofcalError(f"{c.source}: no kernel set {name!r} (it has: {', '.join(c.kernel_sets)})")
+    params = {k: v for k, v in c.params.items() if k != "ops"}
+    return Coefficients(**{**c.__dict__, "params": params, "intervals": None, "kernels": name})
+
+
+def resolve_kernels(c: "Coefficients", spec: str | None) -> "Coefficients":
+    """``c`` with the kernel set a ``--kernels`` value names; None → as it is (the set its
+    active serving stack brought, :func:`with_stack`)."""
+    return c if spec is None else with_kernels(c, spec)
 
 
 def stacks_from_dict(d: dict, src: str) -> tuple[dict, str | None]:
@@ -341,15 +520,19 @@ def stacks_from_dict(d: dict, src: str) -> tuple[dict, str | None]:
 
 def with_stack(c: "Coefficients", name: str | None) -> "Coefficients":
     """``c`` predicting with serving stack ``name`` (one of ``c.stacks``; :data:`NO_STACK` or
-    None for kernels only)."""
+    None for kernels only) and the kernel set it was calibrated with (``source.kernels``, when
+    the file has it; else the file's default)."""
     if name in (None, NO_STACK):
-        return Coefficients(**{**c.__dict__, "params": {**c.params, "step": K.neutral_step_params()},
-                               "stack": None})
+        out = Coefficients(**{**c.__dict__, "params": {**c.params, "step": K.neutral_step_params()},
+                              "stack": None})
+        return with_kernels(out, c.default_kernels)
     if name not in c.stacks:
         raise RoofcalError(f"{c.source}: no serving stack {name!r} (it has: "
                            f"{', '.join(c.stacks) or 'none'}; '{NO_STACK}' = kernels only)")
-    return Coefficients(**{**c.__dict__, "params": {**c.params, "step": c.stacks[name].params},
-                           "stack": name})
+    out = Coefficients(**{**c.__dict__, "params": {**c.params, "step": c.stacks[name].params},
+                          "stack": name})
+    own = c.stacks[name].source.get("kernels")
+    return with_kernels(out, own if own in c.kernel_sets else c.default_kernels)
 
 
 def add_stack(c: "Coefficients", name: str, stack: Stack, default: bool = False) -> "Coefficients":
@@ -360,12 +543,18 @@ def add_stack(c: "Coefficients", name: str, stack: Stack, default: bool = False)
     return with_stack(out, name if default or c.stack is None or c.stack == name else c.stack)
 
 
-def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False) -> "Coefficients":
+def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False,
+                  kernels: str | None = None) -> "Coefficients":
     """``c`` with the stack a ``--stack`` value names: None → the file's default; ``none`` →
     kernels only; ``NAME`` → one of the file's stacks; ``FILE:NAME`` → a stack borrowed from
     another coefficient file (any GPU), recorded in its source as borrowed. With ``required``
     (whole steps, an export), a file without any stack is refused unless ``spec`` says what to
-    use, so no step goes without its overheads by accident."""
+    use, so no step goes without its overheads by accident. Then the kernel set ``kernels``
+    (a ``--kernels`` value; None: the stack's own, :func:`resolve_kernels`)."""
+    return resolve_kernels(_resolve_stack(c, spec, required), kernels)
+
+
+def _resolve_stack(c: "Coefficients", spec: str | None, required: bool) -> "Coefficients":
     if spec is None:
         if required and c.stack is None:
             raise RoofcalError(f"{c.source}: has no serving stack; pass --stack {NO_STACK} (kernels only) "
@@ -434,16 +623,22 @@ def to_yaml(c: Coefficients) -> str:
         "data": list(c.data),
         "fit": dict(c.fit),
         "metrics": dict(c.metrics),
-        **params_to_dict(c.params),
+        "kernels": c.default_kernels,
+        "kernel_sets": {name: kernel_set_to_dict(c.kernel_sets[name])
+                        for name in sorted(c.kernel_sets, key=_set_order)},
         "stack": c.stack,
         "stacks": {name: stack_to_dict(st) for name, st in c.stacks.items()},
     }
-    if c.intervals:
-        doc["intervals"] = intervals_to_dict(c.intervals)
     header = (f"# roofcal coefficient file (schema {SCHEMA}); see roofcal/model/coeffs.py and the\n"
               "# README. Efficiencies are sigmoid(sum of term coefficients x standardized log-shape\n"
-              "# monomials); latencies and overheads in microseconds; 'stacks' are serving stacks.\n")
+              "# monomials); latencies and overheads in microseconds; 'kernel_sets' are kernel corrections\n"
+              "# per kernel library, 'stacks' serving stacks.\n")
     return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _set_order(name):
+    from roofcal.measurements.ops import kernel_set_order
+    return kernel_set_order(name)
 
 
 def save(c: Coefficients, path: str | Path) -> None:
@@ -461,9 +656,10 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     schema = doc.get("schema")
     if schema not in READS:
         raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {', '.join(map(repr, READS))}")
-    extra = sorted(set(doc) - set(TOP_FIELDS), key=str)
+    extra = sorted(set(doc) - set(TOP_FIELDS[schema]), key=str)
     if extra:
-        raise RoofcalError(f"{src}: field '{extra[0]}' is not a coefficient-file field ({', '.join(TOP_FIELDS)})")
+        raise RoofcalError(f"{src}: field '{extra[0]}' is not a coefficient-file field "
+                           f"({', '.join(TOP_FIELDS[schema])})")
     g = doc.get("gpu")
     if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
             or not isinstance(g.get("datasheet_sha256"), str):
@@ -476,11 +672,13 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
             raise RoofcalError(f"{src}: field '{key}' must be a {typ.__name__}")
     if not isinstance(doc.get("calibrated", True), bool):
         raise RoofcalError(f"{src}: field 'calibrated' must be true or false")
-    c = Coefficients(g["name"], g["datasheet_sha256"], params_from_dict(doc, src),
+    sets, kernels = kernel_sets_from_dict(doc, src)
+    c = Coefficients(g["name"], g["datasheet_sha256"], {"step": K.neutral_step_params()},
+                     default_kernels=kernels,
                      calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),
                      data=doc.get("data", []), fit=doc.get("fit", {}),
-                     metrics=doc.get("metrics", {}), source=src,
-                     intervals=intervals_from_dict(doc.get("intervals"), src))
+                     metrics=_step_metrics_of(doc.get("metrics", {})), source=src,
+                     kernel_sets=sets, kernels=kernels)
     stacks, default = stacks_from_dict(doc, src)
     c = with_stack(Coefficients(**{**c.__dict__, "stacks": stacks}), default)
     if gpu is not None:
@@ -492,6 +690,9 @@ def roundtrip(c: Coefficients) -> Coefficients:
     """``c`` as it will read back from its file (parameters rounded to file precision)."""
     doc = yaml.safe_load(to_yaml(c))
     stacks, default = stacks_from_dict(doc, c.source)
-    c2 = Coefficients(**{**c.__dict__, "params": params_from_dict(doc, c.source), "stacks": stacks,
-                         "intervals": intervals_from_dict(doc.get("intervals"), c.source)})
-    return with_stack(c2, default)
+    sets, kernels = kernel_sets_from_dict(doc, c.source)
+    params = {k: v for k, v in c.params.items() if k != "ops"}
+    c2 = Coefficients(**{**c.__dict__, "params": params, "intervals": None, "stacks": stacks,
+                         "kernel_sets": sets, "kernels": kernels, "default_kernels": kernels})
+    out = with_stack(c2, default)
+    return with_kernels(out, c.kernels) if c.kernels in sets else out

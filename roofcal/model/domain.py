@@ -7,7 +7,9 @@ Every predicted row (a whole step, or one per-op row) carries these columns:
                     range fitted for that kernel, in log2(1 + x) units (0 inside). Outside the
                     range the efficiency surface is clamped (held flat), so this is how far the
                     prediction extrapolates. Kernels with no fitted parameters have no range and
-                    count 0 here (see ``no_kernel_data``).
+                    count 0 here (see ``no_kernel_data``); in a step, neither do kernels that
+                    take under :data:`MATERIAL_SHARE` of it (a MoE router GEMM of n = 8
+                    experts, below the smallest n measured, 32, cannot move the step by more).
 ``ood_what``        which one: ``<component>.<descriptor>`` for steps (``attn_decode.context``,
                     ``mlp_up.m``), ``<kind>.<descriptor>`` for per-op rows; empty inside
 ``ood_detail``      the same in natural units: the descriptor's value and the range fitted,
@@ -49,6 +51,7 @@ import pandas as pd
 
 from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
+from roofcal.model.combine import step_breakdown
 from roofcal.physics import capacity as cap_
 from roofcal.physics.decompose import step_ops
 from roofcal.physics.kernels import SHAPE_COLUMNS
@@ -64,6 +67,9 @@ CONTEXT_LIMIT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_
 MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
 #: distances (log2 units) below this are rounding of the stored range, not extrapolation
 TOLERANCE = 1e-4
+#: a step's kernel is checked against its fitted range only when it takes at least this share
+#: of the predicted step
+MATERIAL_SHARE = 0.01
 #: what a user should know about descriptors the per-op tables cannot cover
 KNOWN_GAPS = {
     "cached": "the per-op prefill-attention tables hold no cached prefix, so chunked prefill and "
@@ -141,14 +147,18 @@ def _details(d, descriptors, j, u, low, high) -> np.ndarray:
     return out
 
 
-def _shape_columns(ops: dict, calls: dict):
+def _shape_columns(ops: dict, calls: dict, times: dict | None = None):
     """(labels, distances, missing) of steps' kernel calls (jax.numpy): one (S,) distance in log2
     units per descriptor of a call with fitted parameters (0 where the call does no work in a
-    step), and whether a measurable call without parameters of its own does work (S,)."""
+    step, or — with ``times``, a step breakdown in µs — takes under :data:`MATERIAL_SHARE` of
+    the step), and whether a measurable call without parameters of its own does work (S,)."""
     labels, cols, missing = [], [], 0.0
     for name, call in calls.items():
         w = call.work
         active = ((w.flops + w.bytes) > 0) & (call.count > 0)
+        material = active
+        if times is not None and name in times:
+            material = active & (times[name] >= MATERIAL_SHARE * times["total"])
         key, p = K.lookup(ops, call.kind, call.variant)
         if call.kind in MEASURED_KINDS and K.op_key(call.kind, call.variant) not in ops:
             missing = missing + active * 1.0
@@ -157,7 +167,7 @@ def _shape_columns(ops: dict, calls: dict):
         low, high = log2_bounds(call.kind, p, jnp)
         for j, x in enumerate(w.shape):
             u = jnp.log2(1.0 + jnp.asarray(x, jnp.float32))
-            cols.append(distance(u, low[j], high[j], jnp) * active)
+            cols.append(distance(u, low[j], high[j], jnp) * material)
             labels.append(f"{name}.{K.OP_KINDS[call.kind].descriptors[j]}")
     return labels, cols, missing
 
@@ -167,12 +177,14 @@ _LABELS: dict = {}
 
 
 @partial(jax.jit, static_argnames=("model", "tp"))
-def step_numeric(ops: dict, model, tp: int, batch: StepBatch):
+def step_numeric(ops: dict, model, tp: int, batch: StepBatch, times: dict | None = None):
     """Jitted numbers behind the step flags: (largest shape distance, its column index,
-    no-kernel-data count, longest sequence in tokens, the :class:`StepTotals`), each (S,).
-    The column labels land in :data:`_LABELS` while tracing."""
+    no-kernel-data count, longest sequence in tokens, the :class:`StepTotals`), each (S,);
+    ``times``: the steps' breakdown (µs per component and ``total``), to leave out kernels
+    under :data:`MATERIAL_SHARE` of a step. The column labels land in :data:`_LABELS` while
+    tracing."""
     t = step_totals(batch, jnp)
-    labels, cols, missing = _shape_columns(ops, step_ops(model, tp, t))
+    labels, cols, missing = _shape_columns(ops, step_ops(model, tp, t), times)
     _LABELS[(model, tp, jax.tree_util.tree_structure(ops))] = labels
     rows = batch.prefill_new.shape[0]
     best, arg = jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.int32)
@@ -236,7 +248,8 @@ def step_flags(c, model, gpu, tp: int, batch: StepBatch, numeric=None) -> dict:
     from one jitted call (:func:`step_numeric`, or ``numeric``: its output when already
     computed); token sums are float32, exact up to 2^24 tokens per step."""
     ops = c.params["ops"]
-    numeric = step_numeric(ops, model, tp, batch) if numeric is None else numeric
+    if numeric is None:
+        numeric = step_numeric(ops, model, tp, batch, step_breakdown(c.params, model, gpu, tp, batch))
     dist, arg, missing, longest, totals = jax.tree_util.tree_map(np.asarray, numeric)
     labels = _LABELS[(model, tp, jax.tree_util.tree_structure(ops))]
     dist = np.where(dist > TOLERANCE, dist.astype(np.float64), 0.0)

@@ -26,11 +26,14 @@ from roofcal.physics.decompose import step_ops
 from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps
 
 
-def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False):
+def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False,
+                   kernels: str | None = None):
     """A :class:`Coefficients` for ``gpu``: loaded from a path, checked, or neutral when None;
-    with serving stack ``stack`` (:func:`roofcal.model.coeffs.resolve_stack`; None: the file's
-    own). For whole ``steps``, a file without any stack is refused unless ``stack`` says
-    ``none`` (kernels only), so no step is predicted without its overheads by accident."""
+    for whole ``steps`` with serving stack ``stack`` and kernel set ``kernels``
+    (:func:`roofcal.model.coeffs.resolve_stack`; None: the file's own stack and that stack's
+    kernel set), a file without any stack being refused unless ``stack`` says ``none`` (kernels
+    only), so no step is predicted without its overheads by accident; for kernels alone, the
+    kernel set ``kernels`` (None: the file's default)."""
     if coeffs is None:
         c = coeff_io.Coefficients.neutral(gpu)
     elif isinstance(coeffs, (str, Path)):
@@ -38,10 +41,13 @@ def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False):
     else:
         coeffs.check_gpu(gpu)
         c = coeffs
-    return coeff_io.resolve_stack(c, stack, required=steps and coeffs is not None)
+    if not steps:                    # kernels alone: no stack, the file's default kernel set
+        return coeff_io.with_kernels(c, kernels) if kernels is not None else c
+    return coeff_io.resolve_stack(c, stack, required=coeffs is not None, kernels=kernels)
 
 
-def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = None) -> pd.DataFrame:
+def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = None,
+                   kernels: str | None = None) -> pd.DataFrame:
     """Run ``compute`` on each deployment's steps; one row per input step, in input order.
 
     Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP), a step's own fields
@@ -59,11 +65,11 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
         spec, gspec = load_model(m), load_gpu(g)
         check_tp(spec, int(t), where=f"{src}: tp")
         recs = [records[i] for i in idx]
-        c = resolve_coeffs(coeffs, gspec, stack, steps=True)
+        c = resolve_coeffs(coeffs, gspec, stack, steps=True, kernels=kernels)
         df = compute(c, spec, gspec, int(t), batch_steps(recs), recs)
         front = pd.DataFrame({"step": np.asarray(idx) + 1, "phase": [r.phase for r in recs],
                               "model": spec.name, "gpu": gspec.name, "tp": int(t),
-                              "stack": c.stack or coeff_io.NO_STACK})
+                              "stack": c.stack or coeff_io.NO_STACK, "kernels": c.kernels})
         frames.append(pd.concat([front, df.reset_index(drop=True)], axis=1))
     return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable") \
         .reset_index(drop=True)
@@ -74,7 +80,8 @@ def step_outputs(params: dict, model, gpu, tp: int, batch):
     """One compiled call for :func:`predict`: (:func:`~roofcal.model.combine.step_breakdown`,
     :func:`~roofcal.model.domain.step_numeric`) of a batch — the times and the numbers behind
     the flags, with the step totals last."""
-    return step_breakdown(params, model, gpu, tp, batch), domain.step_numeric(params["ops"], model, tp, batch)
+    parts = step_breakdown(params, model, gpu, tp, batch)
+    return parts, domain.step_numeric(params["ops"], model, tp, batch, parts)
 
 
 def step_arrays(c, model, gpu, tp: int, batch) -> tuple[dict, tuple, dict]:
@@ -91,21 +98,22 @@ def step_arrays(c, model, gpu, tp: int, batch) -> tuple[dict, tuple, dict]:
 
 
 #: leading columns of :func:`predict`, in order (``measured_us`` only when given)
-FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "measured_us", "measured_cycle_us",
+FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "kernels", "measured_us", "measured_cycle_us",
          "predicted_us", "p10_us", "p90_us", "interval_basis", "predicted_gpu_us")
 
 
 def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
-            coeffs=None, stack: str | None = None) -> pd.DataFrame:
+            coeffs=None, stack: str | None = None, kernels: str | None = None) -> pd.DataFrame:
     """Predict every step; one row per input step, in input order.
 
     ``steps``: a JSONL path or a list of :class:`Step`. ``model`` / ``gpu`` / ``tp`` apply to steps
     that do not name their own. ``coeffs``: a coefficient file path, a loaded
     :class:`~roofcal.model.coeffs.Coefficients`, or None for the neutral roofline defaults.
     ``stack``: the serving stack (a name in the file, ``none`` for kernels only, or
-    ``FILE:NAME``; default the file's own).
+    ``FILE:NAME``; default the file's own); ``kernels``: the kernel set (default the stack's own,
+    else the file's default).
 
-    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``measured_us`` and
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``kernels``, ``measured_us`` and
     ``measured_cycle_us`` (the steps' ``duration_us`` and ``cycle_us``, when given),
     ``predicted_us`` (the whole step: what a cycle takes), the 80 % interval ``p10_us``,
     ``p90_us`` and its ``interval_basis`` (:func:`roofcal.model.intervals.step_interval`),
@@ -133,7 +141,7 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
             df[name] = v
         return df
 
-    df = per_deployment(steps, model, gpu, tp, coeffs, one, stack)
+    df = per_deployment(steps, model, gpu, tp, coeffs, one, stack, kernels)
     comp = [c for c in df.columns if c.endswith("_us") and c not in FRONT]
     df[comp] = df[comp].fillna(0.0)
     front = [c for c in FRONT if c in df.columns]
@@ -210,8 +218,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     return out
 
 
-def predict_ops(path, coeffs=None) -> pd.DataFrame:
-    """``roofcal predict --ops``: predict every row of a per-op CSV/table with a coefficient file.
+def predict_ops(path, coeffs=None, kernels: str | None = None) -> pd.DataFrame:
+    """``roofcal predict --ops``: predict every row of a per-op CSV/table with a coefficient file
+    and its kernel set ``kernels`` (default the file's default set).
 
     Without ``coeffs`` the neutral roofline defaults of each row's GPU are used. After the
     predicted columns come the 80 % interval ``p10_us``, ``p90_us`` (:mod:`roofcal.model.intervals`)
@@ -222,7 +231,7 @@ def predict_ops(path, coeffs=None) -> pd.DataFrame:
     frames = []
     for g, part in df.groupby("gpu", sort=True):
         spec = load_gpu(g)
-        c = resolve_coeffs(coeffs, spec)
+        c = resolve_coeffs(coeffs, spec, kernels=kernels)
         frames.append(predict_table(part, c.params, spec, flags=True, bands=c.op_bands)
                       .assign(zero_shot=domain.zero_shot(c, steps=False)))
     out = pd.concat(frames).sort_index()

@@ -61,6 +61,18 @@ def transfer_residuals(ref, ref_gpu, new_gpu, table, rule: str | None = None) ->
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
+def common_kernels(a, b) -> str:
+    """The newest kernel set two coefficient files both have: GPU transfer is measured between
+    the same kernel library on both GPUs, so a change of library does not pass for one of GPU."""
+    from roofcal.model.coeffs import newest_kernel_set
+    from roofcal.errors import RoofcalError
+    both = set(a.kernel_sets) & set(b.kernel_sets)
+    if not both:
+        raise RoofcalError(f"{a.source} and {b.source} share no kernel set ({', '.join(a.kernel_sets)} vs "
+                           f"{', '.join(b.kernel_sets)})")
+    return newest_kernel_set(both)
+
+
 def measure(h100_path=None, a100_path=None) -> dict:
     """The transfer-bands document: per kind, the symmetric band over both directions between
     the bundled H100 and A100 fits (``*_path``: their coefficient files, default the bundled
@@ -73,8 +85,10 @@ def measure(h100_path=None, a100_path=None) -> dict:
     paths = {"h100_sxm": Path(h100_path or resources.COEFFS / "h100_sxm.yaml"),
              "a100_sxm": Path(a100_path or resources.COEFFS / "a100_sxm.yaml")}
     h, a = coeff_io.load(paths["h100_sxm"], H), coeff_io.load(paths["a100_sxm"], A)
-    res = {"a100_sxm <- h100_sxm": transfer_residuals(h, H, A, microbench_table(A.name)),
-           "h100_sxm <- a100_sxm": transfer_residuals(a, A, H, microbench_table(H.name))}
+    ks = common_kernels(h, a)
+    h, a = coeff_io.with_kernels(h, ks), coeff_io.with_kernels(a, ks)
+    res = {"a100_sxm <- h100_sxm": transfer_residuals(h, H, A, microbench_table(A.name, ks)),
+           "h100_sxm <- a100_sxm": transfer_residuals(a, A, H, microbench_table(H.name, ks))}
     kinds = sorted(set().union(*res.values()))
     bands, per_dir = {}, {}
     for kind in kinds:
@@ -84,7 +98,7 @@ def measure(h100_path=None, a100_path=None) -> dict:
             bands[kind] = b.to_dict()
         per_dir[kind] = {d: symmetric_band(r[kind]).to_dict() for d, r in res.items()
                          if kind in r and symmetric_band(r[kind]) is not None}
-    return {"schema": SCHEMA, "level": LEVEL, "rule": DEFAULT_RULE,
+    return {"schema": SCHEMA, "level": LEVEL, "rule": DEFAULT_RULE, "kernels": ks,
             "method": "symmetric conformal band of |log(measured/predicted)| of every per-op row "
                       "of one bundled GPU predicted by the other's fit bootstrapped to it, both "
                       "directions pooled; variants the reference lacks left out",

@@ -259,13 +259,18 @@ def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
     docstring for what transfers.
     """
     check_reference(ref, ref_gpu)
-    ops = {}
-    for key in sorted(ref.params["ops"]):
-        kind, variant = key.split("/")
-        dc, dm = shifts(rule, kind, op_rates(ref_gpu, kind, variant),
-                        op_rates(new_gpu, kind, variant))
-        ops[key] = shift_op(ref.params["ops"][key], kind, np.asarray(dc), np.asarray(dm))
-    params = {"ops": ops, "step": dict(ref.params["step"])}
+    from roofcal.model.coeffs import KernelSet
+    sets = {}
+    for name, ks in ref.kernel_sets.items():          # every kernel library carries across
+        ops = {}
+        for key in sorted(ks.ops):
+            kind, variant = key.split("/")
+            dc, dm = shifts(rule, kind, op_rates(ref_gpu, kind, variant),
+                            op_rates(new_gpu, kind, variant))
+            ops[key] = shift_op(ks.ops[key], kind, np.asarray(dc), np.asarray(dm))
+        sets[name] = KernelSet(ops, intervals=zero_shot_intervals(ks, transfer_bands),
+                               borrowed=dict(ks.borrowed))
+    params = {"step": dict(ref.params["step"])}
     fit = {"bootstrap": {
         "rule": rule, "from": ref.source, "from_gpu": ref_gpu.name,
         "from_datasheet_sha256": ref.datasheet_sha256, "from_calibrated": bool(ref.calibrated),
@@ -285,12 +290,13 @@ def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
     return Coefficients(new_gpu.name, new_gpu.sha256(), params, calibrated=False,
                         notes=bootstrap_notes(rule, ref, ref_gpu, new_gpu), data=[], fit=fit,
                         metrics={}, source=f"<bootstrap of {ref.source}>", stacks=stacks,
-                        stack=ref.stack, intervals=zero_shot_intervals(ref, transfer_bands))
+                        stack=ref.stack, kernel_sets=sets, kernels=ref.kernels)
 
 
-def zero_shot_intervals(ref: Coefficients, path=None) -> dict:
-    """The ``intervals`` of a bootstrap of ``ref``: its bands joined with the measured transfer
-    bands (:func:`roofcal.calibration.conformal.widen`), with both sources."""
+def zero_shot_intervals(ref, path=None) -> dict:
+    """The ``intervals`` of a bootstrap of ``ref`` (a kernel set, or coefficients: their active
+    set): its bands joined with the measured transfer bands
+    (:func:`roofcal.calibration.conformal.widen`), with both sources."""
     from roofcal.calibration.conformal import widen
     from roofcal.transfer import bands as TB
     if path is False:
@@ -298,9 +304,10 @@ def zero_shot_intervals(ref: Coefficients, path=None) -> dict:
     path = TB.DEFAULT_PATH if path is None else path
     src = {"zero_shot": "the reference file's bands widened by the measured zero-shot transfer "
                         "error of their kernel kind", **TB.source(path)}
-    if ref.intervals.get("source"):
-        src["reference"] = dict(ref.intervals["source"])
-    return {"ops": widen(ref.op_bands, TB.load(path)), "source": src}
+    bands = ref.intervals or {}
+    if bands.get("source"):
+        src["reference"] = dict(bands["source"])
+    return {"ops": widen(bands.get("ops", {}), TB.load(path)), "source": src}
 
 
 def bootstrap_file(ref_path, new_gpu, out, ref_datasheet=None, rule: str = DEFAULT_RULE) -> Coefficients:

@@ -437,7 +437,7 @@ def test_blis_form_reports_native_and_blis_heldout_side_by_side(exported):
 def test_export_blis_refusals(tmp_path, capsys):
     out = tmp_path / "o.yaml"
     cases = [
-        (["--coeffs", A100_COEFFS, "--defaults", DEFAULTS, "--out", out], "--model"),
+        (["--coeffs", A100_COEFFS, "--defaults", DEFAULTS, "--out", out, "--stack", "splitwise"], "--model"),
         (["--coeffs", H100_COEFFS, "--defaults", DEFAULTS, "--out", out, "--model", "qwen3-30b-a3b", "--tp", "8"],
          r"NumKVHeads (4) must be divisible by TP (8)"),
         (["--coeffs", H100_COEFFS, "--defaults", DEFAULTS, "--out", out, "--model", "llama-2-7b-hf"], "--tp"),
@@ -569,10 +569,27 @@ def _coeffs_copy(tmp_path, deployments, data=()) -> Path:
     """coeffs/h100_sxm.yaml recording other step deployments and measurement files."""
     doc = yaml.safe_load(H100_COEFFS.read_text())
     doc["fit"]["deployments"] = [{"model": m, "tp": t} for m, t in deployments]
+    # the default stack's own runs would come first (default_deployments): leave fit.deployments
+    doc["stacks"][doc["stack"]]["source"].pop("deployments", None)
     doc["data"] = [{"path": str(p), "sha256": sha256_file(p), "kind": "steps", "rows": 40} for p in data]
     path = tmp_path / "coeffs.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def test_default_deployments_are_the_stacks_own_runs_then_the_fitted_steps():
+    from roofcal.blis.distill import default_deployments
+    from roofcal.model import coeffs as coeff_io
+    c = coeff_io.load(H100_COEFFS)
+    # the default stack, vllm, was calibrated on runs of three deployments; fit.deployments are
+    # the splitwise steps' (Llama-2-70B TP 4 and 8), which belong to the splitwise stack
+    recs, where = default_deployments(c)
+    assert where == "stacks.vllm.source.deployments"
+    assert [(r["model"], r["tp"]) for r in recs] == [("llama-2-7b-hf", 1), ("llama-2-70b-hf", 4),
+                                                     ("mixtral-8x7b-v0.1", 2)]
+    recs, where = default_deployments(coeff_io.with_stack(c, "splitwise"))
+    assert where == "fit.deployments" and [(r["model"], r["tp"]) for r in recs] == [("llama-2-70b-hf", 4),
+                                                                                    ("llama-2-70b-hf", 8)]
 
 
 def test_non_bundled_model_config_fits_exports_and_inspects(tmp_path, capsys):
@@ -658,7 +675,14 @@ def test_fit_options_default_to_the_settings():
     from roofcal.blis.fit import BlisFitSettings
     from roofcal.cli.main import build_parser
 
+    from roofcal.calibration import WORKLOAD_DEFAULTS
+    from roofcal.cli.blis import _settings
+
     d = BlisFitSettings()
     for argv in (["blis", "fit", "--out", "x"], ["export", "blis", "--coeffs", "c", "--defaults", "d"]):
         a = build_parser().parse_args(argv)
-        assert (a.samples, a.seed, a.holdout, a.iters) == (d.samples, d.seed, d.holdout, d.iters)
+        s = _settings(a)
+        assert (s.samples, s.seed, s.holdout, s.iters) == (d.samples, d.seed, d.holdout, d.iters)
+    # an export for runs or deployments distils as many steps as workload validate's exports
+    a = build_parser().parse_args(["export", "blis", "--coeffs", "c", "--defaults", "d", "--out-dir", "o"])
+    assert _settings(a, deployment_export=True).samples == WORKLOAD_DEFAULTS["samples"] == 800

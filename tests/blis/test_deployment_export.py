@@ -89,10 +89,39 @@ def test_refusals_before_any_work(tmp_path, capsys, extra, message):
 
 
 def test_for_without_out_dir_and_an_out_dir_that_is_a_file(tmp_path, capsys):
-    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out", str(tmp_path / "x"),
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--in-place",
                  "--for", str(SEVEN_B)]) == 2
-    assert "--for and --per-run go with --out-dir" in capsys.readouterr().err
+    assert "--for goes with --out-dir DIR" in capsys.readouterr().err
     (tmp_path / "file").write_text("")
     assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir",
                  str(tmp_path / "file"), "--model", "llama-2-7b-hf:1"]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
+
+
+@needs_runs
+def test_what_validate_replays_is_what_export_writes(tmp_path, capsys):
+    # the command `workload validate` prints for its exports writes the very coefficients it
+    # replayed: per deployment (--out-dir) and one global file for all the runs (--for … --out)
+    from roofcal.blis.run import BlisSettings
+    from roofcal.calibration.workload import export_for
+    from roofcal.measurements.workload import read_experiments
+    from roofcal.model import coeffs as coeff_io
+    from roofcal import resources
+    exps = read_experiments([SEVEN_B, SEVENTY_B])
+    bs = BlisSettings(blis=None, defaults=DEFAULTS, hardware_config=resources.BLIS_HARDWARE,
+                      model_configs=tuple(resources.default_model_configs()))
+    c = coeff_io.resolve_stack(coeff_io.load(COEFFS), None, required=True)
+    for how, args in (("per-deployment", ["--out-dir", str(tmp_path / "d")]),
+                      ("global", ["--out", str(tmp_path / "g.yaml")])):
+        exports = export_for(c, exps, bs, samples=120, export=how)
+        assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--samples", "120",
+                     "--for", str(SEVEN_B), str(SEVENTY_B), *args]) == 0
+        written = sorted((tmp_path / "d").iterdir()) if how == "per-deployment" else [tmp_path / "g.yaml"]
+        assert len(written) == len(exports)
+        for ex in exports:
+            path = next(p for p in written if how == "global" or p.stem == ex.targets[0].stem)
+            alpha, beta = read_defaults_coefficients(path)
+            assert alpha == pytest.approx(ex.alpha, rel=1e-8) and beta == pytest.approx(ex.beta, rel=1e-8)
+    out = capsys.readouterr().out
+    # the usage names every file BLIS needs (it finds none beside a written defaults file)
+    assert "--model-config-folder" in out and "--hardware-config" in out

@@ -75,7 +75,7 @@ def test_fit_recovers_planted_parameters():
     assert 1 + float(K.softplus(p["sharpness"])) == pytest.approx(3.0, rel=1e-3)
     np.testing.assert_allclose(np.asarray(p["eff_c"]), np.asarray(truth["eff_c"]), atol=2e-3)
     np.testing.assert_allclose(np.asarray(p["eff_m"]), np.asarray(truth["eff_m"]), atol=2e-3)
-    assert res.coeffs.metrics["heldout"]["gemm/bf16"]["mape"] < 0.05
+    assert res.coeffs.all_metrics["heldout"]["gemm/bf16"]["mape"] < 0.05
 
 
 def small_real_table():
@@ -101,12 +101,12 @@ def test_coefficient_file_round_trip_and_refusals(tmp_path):
     a = predict_table(df, res.coeffs.params, A100)["predicted_us"]
     b = predict_table(df, loaded.params, A100)["predicted_us"]
     np.testing.assert_allclose(a, b, rtol=1e-6)
-    assert loaded.metrics == res.coeffs.metrics and loaded.data == res.coeffs.data
+    assert loaded.all_metrics == res.coeffs.all_metrics and loaded.data == res.coeffs.data
     with pytest.raises(RoofcalError, match="fitted for GPU 'a100_sxm', not 'h100_sxm'"):
         coeff_io.load(path, "h100_sxm")
     text = path.read_text()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("schema: roofcal-coeffs/2", "schema: roofcal-coeffs/9"))
+    bad.write_text(text.replace("schema: roofcal-coeffs/3", "schema: roofcal-coeffs/9"))
     with pytest.raises(RoofcalError, match="roofcal-coeffs/9"):
         coeff_io.load(bad)
     bad.write_text(text.replace("latency_us: ", "latency_us: -", 1))
@@ -117,9 +117,11 @@ def test_coefficient_file_round_trip_and_refusals(tmp_path):
 def test_bundled_coefficient_files_load_and_meet_their_own_metrics():
     for gpu in ("h100_sxm", "a100_sxm"):
         c = coeff_io.load(f"coeffs/{gpu}.yaml", gpu)
-        assert c.calibrated and c.data and c.metrics["heldout"]
-        for key, m in c.metrics["heldout"].items():
-            assert m["n"] > 0 and m["mape"] < 25, key
+        assert c.calibrated and c.data
+        for name, ks in c.kernel_sets.items():
+            assert ks.metrics["heldout"] and ks.data, name
+            for key, m in ks.metrics["heldout"].items():
+                assert m["n"] > 0 and m["mape"] < 25, (name, key)
 
 
 def test_stratified_row_split_and_group_split():

@@ -23,8 +23,12 @@ H100, A100 = load_gpu("h100_sxm"), load_gpu("a100_sxm")
 H100_FILE, A100_FILE = "coeffs/h100_sxm.yaml", "coeffs/a100_sxm.yaml"
 
 
-def file_range(path, key, descriptor):
-    return yaml.safe_load(open(path))["ops"][key]["range"][descriptor]
+def file_range(path, key, descriptor, steps=True):
+    """A kernel's fitted range in the kernel set a prediction uses: for steps the default stack's
+    set, for per-op rows the file's default."""
+    doc = yaml.safe_load(open(path))
+    ks = doc["stacks"][doc["stack"]]["source"].get("kernels", doc["kernels"]) if steps else doc["kernels"]
+    return doc["kernel_sets"][ks]["ops"][key]["range"][descriptor]
 
 
 def test_decode_beyond_context_limit_and_fitted_context():
@@ -133,7 +137,7 @@ def test_per_op_rows(tmp_path):
     df = predict_ops(p, coeffs=A100_FILE)
     assert list(df.columns[-5:]) == list(domain.OP_FLAGS)
     assert "rel_error" in df.columns and df.predicted_us.notna().all()
-    lo, hi = file_range(A100_FILE, "gemm/bf16", "m")
+    lo, hi = file_range(A100_FILE, "gemm/bf16", "m", steps=False)
     assert df.ood_what.tolist() == ["", "gemm.m", ""]
     # m = 65536 beyond the fitted m ≤ hi: log2(65537) − log2(1 + hi)
     assert df.ood_shape[1] == pytest.approx(math.log2(65537) - math.log2(1 + hi), abs=1e-5)

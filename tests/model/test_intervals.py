@@ -127,7 +127,7 @@ def test_step_predictions_carry_intervals():
              Step(prefill=((256, 0),), decode=(100, 3000))]
     c = coeff_io.load(H100_FILE)
     sw = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE, stack="splitwise")
-    assert list(sw.columns[6:10]) == ["predicted_us", "p10_us", "p90_us", "interval_basis"]
+    assert list(sw.columns[6:11]) == ["kernels", "predicted_us", "p10_us", "p90_us", "interval_basis"]
     assert (sw.p10_us < sw.predicted_us).all() and (sw.predicted_us < sw.p90_us).all()
     assert sw.interval_basis.tolist() == ["steps+kernels"] * 3
     # a pure decode step: the stack's decode band is at least as wide as the kernels' one
@@ -146,10 +146,11 @@ def test_step_predictions_carry_intervals():
 
 def test_bad_band_in_a_file_is_refused(tmp_path):
     doc = yaml.safe_load(open(H100_FILE))
-    doc["intervals"]["ops"]["gemm/bf16"]["all"]["p10"] = 1.5          # above p90
+    doc["kernel_sets"]["vllm-0.24.0"]["intervals"]["ops"]["gemm/bf16"]["all"]["p10"] = 1.5   # above p90
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(doc, sort_keys=False))
-    with pytest.raises(RoofcalError, match="intervals.ops.gemm/bf16.all' has p10 1.5 above p90"):
+    with pytest.raises(RoofcalError, match="kernel_sets.vllm-0.24.0.intervals.ops.gemm/bf16.all' has p10 1.5 "
+                                           "above p90"):
         coeff_io.load(p)
     doc = yaml.safe_load(open(H100_FILE))
     doc["stacks"]["splitwise"]["intervals"]["decode"] = {"p10": 0.9}

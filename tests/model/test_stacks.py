@@ -67,7 +67,7 @@ def test_stacks_round_trip_through_the_file_with_their_source(tmp_path):
     path = tmp_path / "c.yaml"
     coeff_io.save(c, path)
     doc = yaml.safe_load(path.read_text())
-    assert doc["schema"] == "roofcal-coeffs/2" and doc["stack"] == "vllm"
+    assert doc["schema"] == "roofcal-coeffs/3" and doc["stack"] == "vllm"
     assert doc["stacks"]["vllm"]["overlap_sharpness"] == pytest.approx(3.0)
     assert doc["stacks"]["vllm"]["overheads_us"]["step_us"] == pytest.approx(2000.0)
     assert doc["stacks"]["vllm"]["alphas_us"] == {"queueing_us": 1000.0, "post_decode_us": 0.0, "output_token_us": 20.0}
@@ -118,6 +118,8 @@ def test_schema_1_files_read_as_one_named_stack(tmp_path):
     doc = yaml.safe_load(coeff_io.to_yaml(c))
     st = doc.pop("stacks")["x"]
     doc.pop("stack")
+    ks = doc.pop("kernel_sets")[doc.pop("kernels")]
+    doc["ops"] = ks["ops"]
     doc["schema"] = "roofcal-coeffs/1"
     doc["step"] = {k: st[k] for k in ("overheads_us", "kernel_scales", "mix_sharpness")}
     path = tmp_path / "old.yaml"
