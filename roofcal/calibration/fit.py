@@ -201,8 +201,8 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
         lo, hi = ztr.min(0), ztr.max(0)
         f = K.features(jnp.asarray(z), lo, hi, settings.degree_of(op))
         pad = sizes[op] - len(idx)
-        grow = lambda a, v: jnp.pad(jnp.asarray(a, jnp.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
-                                    constant_values=v)
+        grow = lambda a, v: jnp.asarray(np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
+                                               constant_values=v))
         out[K.op_key(op, dt)] = KernelData(
             op, grow(f, 0.0), grow(tc, 1.0), grow(tm, 1.0),
             grow(table["latency_us"].values[idx], 1.0), grow(train.astype(np.float32), 0.0),

@@ -82,13 +82,20 @@ def _lbfgs_block(loss_fn, params, state, data, length):
     return params, state, loss_fn(params, data)
 
 
+def _strong(tree):
+    """``tree`` with weakly typed leaves made strong: the state a block returns is strongly
+    typed, so a weakly typed initial state would compile every block program twice."""
+    import jax.numpy as jnp
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.result_type(x)), tree)
+
+
 def lbfgs(loss_fn: Callable, params, data, steps: int, chunks: int = 1, tol: float = 0.0):
     """Minimise ``loss_fn(params, data)`` with optax L-BFGS; returns (params, final loss).
 
     ``steps`` iterations in ``chunks`` jitted blocks; with ``tol`` > 0 it stops after the first
     block that lowers the loss by less than ``tol`` (relative) — deterministic, as the blocks
     are fixed."""
-    state = _lbfgs().init(params)
+    state = _strong(_lbfgs().init(params))
     per = max(1, steps // chunks)
     value = float("nan")
     for _ in range(chunks):

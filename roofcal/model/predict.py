@@ -175,8 +175,18 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     pad = padded_size(n) - n
     cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
             for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
-    tc, tm, z = _row_times(op, dtype, cols, float(peak), float(bw))
-    return tc[:n], tm[:n], z[:n]
+    tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, dtype, cols, float(peak), float(bw)))
+    return tc, tm, z
+
+
+def _op_times(p: dict, z, tc, tm) -> np.ndarray:
+    """:func:`~roofcal.model.correction.op_time_z` of ``len(tc)`` rows, computed padded to
+    :func:`padded_size` rows (row-wise, so the values are the same) so that tables of similar size
+    share one compiled program."""
+    n = len(tc)
+    pad = padded_size(n) - n
+    grow = lambda a, v: np.pad(np.asarray(a), [(0, pad)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=v)
+    return np.asarray(K.op_time_z(p, grow(z, 0.0), grow(tc, 1.0), grow(tm, 1.0)))[:n]
 
 
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
@@ -199,7 +209,7 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
                                f"coefficients are for '{gpu.name}'")
         tc, tm, z = row_times(gpu, op, dt, df, idx)
         _, p = K.lookup(params["ops"], op, dt)
-        t = K.op_time_z(p, z, tc, tm)
+        t = _op_times(p, z, tc, tm)
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
