@@ -9,6 +9,9 @@ A row's distance is how far its descriptor lies beyond the fitted range, in log2
 same percentile inside the range is the extra error; its least-squares slope through the origin,
 in natural-log units per log2 unit, is how much an 80 % band must widen per unit of distance.
 
+It also measures the band of prefill attention over a cached prefix
+(:data:`roofcal.model.intervals.CACHED_PREFIX`, :func:`cached_prefix`).
+
     python -m roofcal.bench.extrapolation [--gpu h100_sxm]
 """
 
@@ -77,6 +80,57 @@ def measure(gpu_name: str = "h100_sxm") -> list[dict]:
     return out
 
 
+#: the decode rows that are the measured limit of prefill attention over a cached prefix
+MIN_CACHED = 255
+
+
+def cached_prefix_ratios(coeffs_path: str = "coeffs/h100_sxm.yaml", gpu_name: str = "h100_sxm",
+                         kernels: str = "vllm-0.14.0"):
+    """measured / predicted (NumPy, per row) and the rows' sequence counts of prefill attention
+    over a cached prefix at its measured limit: every decode row of kernel set ``kernels`` with
+    context c ≥ :data:`MIN_CACHED`, predicted as one new token over c cached keys per sequence by
+    the prefill-attention correction of ``coeffs_path`` (the kernel vLLM's FlashAttention runs for
+    such a chunk is the one the decode tables time)."""
+    import pandas as pd
+
+    from roofcal.measurements.datasets import microbench_table
+    from roofcal.model import coeffs as coeff_io
+    from roofcal.model.predict import predict_table
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(gpu_name)
+    params = coeff_io.with_kernels(coeff_io.load(coeffs_path, gpu), kernels).params
+    t = microbench_table(gpu_name, kernels)
+    d = t[(t.op == "attn_decode") & (t.context >= MIN_CACHED)]
+    rows = pd.DataFrame({k: d[k].values for k in ("gpu", "dtype", "batch", "heads", "kv_heads",
+                                                  "head_dim", "latency_us", "source")})
+    rows = rows.assign(op="attn_prefill", seq=1, cached=d.context.values)
+    pred = predict_table(rows, params, gpu)
+    return (pred["latency_us"] / pred["predicted_us"]).to_numpy(np.float64), rows["batch"].to_numpy()
+
+
+def weighted_quantile(x, w, q):
+    """Quantiles ``q`` of values ``x`` with weights ``w`` (midpoints of the cumulative weight)."""
+    order = np.argsort(x)
+    x, w = np.asarray(x, np.float64)[order], np.asarray(w, np.float64)[order]
+    cum = (np.cumsum(w) - 0.5 * w) / w.sum()
+    return np.interp(q, cum, x)
+
+
+def cached_prefix(coeffs_path: str = "coeffs/h100_sxm.yaml", gpu_name: str = "h100_sxm",
+                  sets=("vllm-0.14.0", "vllm-0.24.0")) -> dict:
+    """(p10, p90) of :func:`cached_prefix_ratios` pooled over kernel ``sets`` (each weighted
+    equally), with per-set medians by sequence count: :data:`roofcal.model.intervals.CACHED_PREFIX`."""
+    xs, ws, by = [], [], {}
+    for name in sets:
+        r, batch = cached_prefix_ratios(coeffs_path, gpu_name, name)
+        xs.append(r)
+        ws.append(np.full(len(r), 1.0 / len(r)))
+        by[name] = {int(b): float(np.median(r[batch == b])) for b in sorted(set(batch.tolist()))}
+    p10, p90 = weighted_quantile(np.concatenate(xs), np.concatenate(ws), [0.1, 0.9])
+    return {"p10": float(p10), "p90": float(p90), "rows": int(sum(len(x) for x in xs)),
+            "median by sequences": by}
+
+
 def main(argv=None) -> None:
     from roofcal.tables import table
     p = argparse.ArgumentParser(prog="python -m roofcal.bench.extrapolation", description=__doc__.splitlines()[0])
@@ -84,6 +138,13 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     rows = measure(a.gpu)
     print(table(rows, list(rows[0])))
+    if a.gpu == "h100_sxm":
+        c = cached_prefix()
+        print(f"\nprefill attention over a cached prefix, one new token per sequence ({c['rows']} "
+              f"decode rows, vLLM 0.14 and 0.24 pooled): measured / predicted p10 {c['p10']:.3f}, "
+              f"p90 {c['p90']:.3f} (roofcal.model.intervals.CACHED_PREFIX)")
+        for name, med in c["median by sequences"].items():
+            print(f"  {name} median by sequences: " + ", ".join(f"{b}: {m:.2f}" for b, m in med.items()))
 
 
 if __name__ == "__main__":

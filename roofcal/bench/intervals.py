@@ -75,7 +75,7 @@ def step_coverage(result, steps) -> list[dict]:
         sub = table.iloc[start:start + len(d)]
         start += len(d)
         parts = {k[:-3]: sub[k].to_numpy() for k in sub.columns if k.endswith("_us")}
-        lo, hi, _, _ = IV.kernel_step_interval(c.op_bands, calls, parts, sub["predicted_us"].to_numpy())
+        lo, hi, _, _, _ = IV.kernel_step_interval(c.op_bands, calls, parts, sub["predicted_us"].to_numpy())
         klo.append(lo)
         khi.append(hi)
     klo, khi = np.concatenate(klo)[test], np.concatenate(khi)[test]

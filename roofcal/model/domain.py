@@ -10,6 +10,9 @@ Every predicted row (a whole step, or one per-op row) carries these columns:
                     count 0 here (see ``no_kernel_data``); in a step, neither do kernels that
                     take under :data:`MATERIAL_SHARE` of it (a MoE router GEMM of n = 8
                     experts, below the smallest n measured, 32, cannot move the step by more).
+                    A cached prefix is not a distance (:data:`MAPPED`): prefill attention over
+                    one is looked up at the uncached chunk with the same causal pairs, and its
+                    measured error widens the band instead.
 ``ood_what``        which one: ``<component>.<descriptor>`` for steps (``attn_decode.context``,
                     ``mlp_up.m``), ``<kind>.<descriptor>`` for per-op rows; empty inside
 ``ood_detail``      the same in natural units: the descriptor's value and the range fitted,
@@ -70,11 +73,21 @@ TOLERANCE = 1e-4
 #: a step's kernel is checked against its fitted range only when it takes at least this share
 #: of the predicted step
 MATERIAL_SHARE = 0.01
-#: what a user should know about descriptors the per-op tables cannot cover
-KNOWN_GAPS = {
-    "cached": "the per-op prefill-attention tables hold no cached prefix, so chunked prefill and "
-              "prefix-cache hits are extrapolated (its band is widened)",
-}
+#: descriptors that are not looked up where they are: the per-op prefill-attention tables hold
+#: no cached prefix (cached = 0), and the physics maps a chunk over a cached prefix to the uncached
+#: chunk with the same causal pairs (the ``seq_len`` descriptor, see
+#: :func:`roofcal.physics.components.attention.prefill_attention`), which is checked instead. The
+#: error of that mapping is measured, not extrapolated: its band
+#: (:data:`roofcal.model.intervals.CACHED_PREFIX`) widens the band of such a step's prefill
+#: attention instead of a flag
+MAPPED = {"attn_prefill": frozenset({"cached"})}
+
+
+def checked(kind: str) -> list[int]:
+    """Positions of ``kind``'s descriptors checked against the fitted range (all but
+    :data:`MAPPED`)."""
+    skip = MAPPED.get(kind, frozenset())
+    return [j for j, d in enumerate(K.OP_KINDS[kind].descriptors) if d not in skip]
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,6 +135,7 @@ def op_shape_flags(ops: dict, kind: str, variant: str, z) -> dict:
         u = z * np.asarray(k.scale) + np.asarray(k.center)
         low, high = log2_bounds(kind, p)
         dist = excess(u, low, high)
+        dist[:, [j for j in range(len(k.descriptors)) if j not in checked(kind)]] = 0.0
         d, what = worst(dist, [f"{kind}.{x}" for x in k.descriptors])
         if (d > 0).any():
             j = np.argmax(dist, axis=1)
@@ -138,12 +152,18 @@ def _natural(u) -> np.ndarray:
 
 
 def _details(d, descriptors, j, u, low, high) -> np.ndarray:
-    """``<descriptor> <value> (fitted <low>–<high>)`` per row with d > 0, in natural units."""
+    """``<descriptor> <value> (fitted <low>–<high>)`` per row with d > 0, in natural units; each
+    distinct text is formatted once (a million out-of-domain steps share a few thousand)."""
     out = np.full(len(d), "", object)
-    for i in np.flatnonzero(d > 0):
-        name = descriptors[int(j[i])]
-        lo_, hi_ = _natural(low[i]), _natural(high[i])
-        out[i] = f"{name} {_natural(u[i]):,.0f} (fitted {lo_:,.0f}–{hi_:,.0f})"
+    rows = np.flatnonzero(np.asarray(d) > 0)
+    if not len(rows):
+        return out
+    key = np.stack([np.asarray(j, np.float64)[rows], np.round(_natural(np.asarray(u)[rows])),
+                    np.round(_natural(np.asarray(low)[rows])), np.round(_natural(np.asarray(high)[rows]))], 1)
+    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    texts = np.array([f"{descriptors[int(jj)]} {x:,.0f} (fitted {lo_:,.0f}–{hi_:,.0f})"
+                      for jj, x, lo_, hi_ in uniq], object)
+    out[rows] = texts[np.ravel(inverse)]
     return out
 
 
@@ -165,8 +185,8 @@ def _shape_columns(ops: dict, calls: dict, times: dict | None = None):
         if key not in ops:
             continue
         low, high = log2_bounds(call.kind, p, jnp)
-        for j, x in enumerate(w.shape):
-            u = jnp.log2(1.0 + jnp.asarray(x, jnp.float32))
+        for j in checked(call.kind):
+            u = jnp.log2(1.0 + jnp.asarray(w.shape[j], jnp.float32))
             cols.append(distance(u, low[j], high[j], jnp) * material)
             labels.append(f"{name}.{K.OP_KINDS[call.kind].descriptors[j]}")
     return labels, cols, missing
@@ -305,8 +325,7 @@ def summary(df: pd.DataFrame, unit: str = "steps") -> str:
                 row = sub[sub["ood_what"] == w].sort_values("ood_shape", ascending=False).iloc[0]
                 if str(row["ood_detail"]):
                     txt = f"{w.rsplit('.', 1)[0]} {row['ood_detail']}"
-            gap = KNOWN_GAPS.get(w.rsplit(".", 1)[-1])
-            names.append(txt + (f" — {gap}" if gap else ""))
+            names.append(txt)
         more = ", …" if len(worst_by) > 3 else ""
         parts.append(f"{shape.sum()} beyond the fitted shapes ({'; '.join(names)}{more})")
     if ctx.any():

@@ -52,6 +52,17 @@ MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
 EXTRAPOLATION = {"gemm": 0.27, "attn_prefill": 0.27, "attn_decode": 0.15, "moe": 0.24, "allreduce": 0.27}
 #: ``interval_basis`` suffix of a band widened for extrapolation
 EXTRAPOLATED = " + extrapolation"
+#: measured / predicted of prefill attention over a cached prefix at its one measured limit: a
+#: chunk of one new token over c cached keys per sequence is the kernel the decode tables time
+#: (20,623 H100 decode rows with c ≥ 255, 1–2,048 sequences, vLLM 0.14 and 0.24 pooled, each
+#: set weighted equally; ``python -m roofcal.bench.extrapolation``, 2026-11-24). The lookup at the
+#: equivalent uncached chunk is right for one sequence (median 1.05 / 1.00) and charges many
+#: one-token chunks too much (median 0.39 / 0.54 at 2,048 sequences): the (p10, p90) below. A step's
+#: prefill-attention band is widened to them in proportion to the share of its causal pairs that
+#: are against the prefix (:func:`cached_widening`): 0 without a cache, → 1 for one-token chunks.
+CACHED_PREFIX = (0.50, 1.25)
+#: ``interval_basis`` suffix of a band widened for a cached prefix
+CACHED = " + cached prefix"
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,25 @@ def widening(kind: str, distance) -> np.ndarray:
     return np.exp(EXTRAPOLATION.get(kind, max(EXTRAPOLATION.values())) * np.asarray(distance, np.float64))
 
 
+def prefix_share(seq_len, cached) -> np.ndarray:
+    """Share of a prefill chunk's causal (query, key) pairs that are against its cached prefix,
+    in [0, 1), from its attention descriptors: the equivalent uncached chunk ``seq_len`` n and the
+    cached tokens c per sequence. The mean new tokens s solve n(n+1)/2 = s(s+1)/2 + s·c; the
+    share is s·c / (n(n+1)/2). Example: one new token over 762 cached keys, n = 38.55:
+    s = 1, share 762/763."""
+    n, c = np.asarray(seq_len, np.float64), np.asarray(cached, np.float64)
+    s = 0.5 * (np.sqrt((1.0 + 2.0 * c) ** 2 + 4.0 * n * (n + 1.0)) - (1.0 + 2.0 * c))
+    pairs = 0.5 * n * (n + 1.0)
+    return np.divide(s * c, pairs, out=np.zeros(np.broadcast(n, c).shape), where=pairs > 0)
+
+
+def cached_widening(share) -> tuple[np.ndarray, np.ndarray]:
+    """(p10, p90) ratio bounds of prefill attention over a cached prefix with ``share`` of its
+    pairs against the prefix: :data:`CACHED_PREFIX` raised to ``share`` (1 at share 0)."""
+    share = np.asarray(share, np.float64)
+    return CACHED_PREFIX[0] ** share, CACHED_PREFIX[1] ** share
+
+
 def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred, distance=None) -> tuple[np.ndarray, np.ndarray]:
     """(p10 µs, p90 µs) of per-op rows of one kernel: ``pred`` µs times the band of each row's
     regime (ideal times ``tc``, ``tm`` µs), widened by :func:`widening` for rows ``distance``
@@ -153,8 +183,8 @@ def call_distance(ops: dict, call) -> np.ndarray:
     if key not in ops:
         return np.zeros(())
     low, high = domain.log2_bounds(call.kind, p)
-    d = [domain.excess(np.log2(1.0 + np.asarray(x, np.float64))[..., None], low[j:j + 1], high[j:j + 1])[..., 0]
-         for j, x in enumerate(call.work.shape)]
+    d = [domain.excess(np.log2(1.0 + np.asarray(call.work.shape[j], np.float64))[..., None],
+                       low[j:j + 1], high[j:j + 1])[..., 0] for j in domain.checked(call.kind)]
     return np.max(np.broadcast_arrays(*d), axis=0) if d else np.zeros(())
 
 
@@ -169,11 +199,12 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict
     overlap, kernels without held-out data) is held. ``covered``: fraction of the time of kernels
     that per-op data can measure (:data:`MEASURED_KINDS`; not the elementwise ones, which run at
     the roofline times the stack's scale) that had a band (1.0 = every such kernel);
-    ``extrapolated``: some banded component was widened (bool)."""
+    ``extrapolated``: some banded component was widened (bool); ``cached``: prefill attention
+    over a cached prefix widened to :func:`cached_widening` (bool)."""
     total = np.asarray(total, np.float64)
     lo, hi = total.copy(), total.copy()
     kern, banded = np.zeros_like(total), np.zeros_like(total)
-    extrapolated = np.zeros(total.shape, bool)
+    extrapolated, cached = np.zeros(total.shape, bool), np.zeros(total.shape, bool)
     for name, call in calls.items():
         if name not in parts:
             continue
@@ -185,12 +216,18 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict
             continue
         dist = call_distance(ops, call) if ops is not None else np.zeros(())
         wide = widening(call.kind, dist)
+        p10, p90 = b.p10 / wide, b.p90 * wide
         extrapolated |= (dist > 0) & (t > 0)
+        if call.kind == "attn_prefill":
+            share = prefix_share(call.work.shape[1], call.work.shape[2])
+            c10, c90 = cached_widening(share)
+            cached |= (share > 0) & (t > 0)
+            p10, p90 = np.minimum(p10, c10), np.maximum(p90, c90)
         banded += t
-        lo += t * (b.p10 / wide - 1.0)
-        hi += t * (b.p90 * wide - 1.0)
+        lo += t * (p10 - 1.0)
+        hi += t * (p90 - 1.0)
     covered = np.divide(banded, kern, out=np.ones_like(kern), where=kern > 0)
-    return np.maximum(lo, 0.0), hi, covered, extrapolated
+    return np.maximum(lo, 0.0), hi, covered, extrapolated, cached
 
 
 def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, totals, ops: dict | None = None):
@@ -200,9 +237,10 @@ def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, tota
     shapes). ``basis`` per step: ``steps+kernels`` when the stack had a band for the phase,
     ``kernels`` when only kernels did (the stack's own error is not in it), ``kernels
     (partial)`` when some kernel time had no band, ``none`` when nothing had; with
-    :data:`EXTRAPOLATED` appended when a kernel's band was widened."""
+    :data:`EXTRAPOLATED` appended when a kernel's band was widened beyond its fitted shapes and
+    :data:`CACHED` when prefill attention over a cached prefix was."""
     total = np.asarray(total, np.float64)
-    klo, khi, covered, extrapolated = kernel_step_interval(bands, calls, parts, total, ops)
+    klo, khi, covered, extrapolated, cached = kernel_step_interval(bands, calls, parts, total, ops)
     slo, shi = stack_band(stack_bands, np.asarray(totals.n_prefill) > 0, np.asarray(totals.n_decode) > 0)
     has_stack = np.isfinite(slo)
     lo = np.where(has_stack, np.minimum(klo, total * np.where(has_stack, slo, 1.0)), klo)
@@ -212,6 +250,7 @@ def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, tota
     code[none] = 3
     basis = np.asarray(BASES, object)[code]
     basis = np.where(extrapolated & ~none, basis + EXTRAPOLATED, basis).astype(object)
+    basis = np.where(cached & ~none, basis + CACHED, basis).astype(object)
     lo[none], hi[none] = np.nan, np.nan
     return lo, hi, basis
 
@@ -271,15 +310,19 @@ def summary(df, unit: str = "steps") -> str:
         parts.append(f"{(~ok).sum()} {unit} without one (no held-out data for their kernels)")
     if "interval_basis" in df.columns:
         basis = df["interval_basis"].astype(str).to_numpy()
-        plain = np.char.replace(basis.astype(str), EXTRAPOLATED, "")
+        plain = np.char.replace(np.char.replace(basis.astype(str), CACHED, ""), EXTRAPOLATED, "")
         k = np.isin(plain, ("kernels", "kernels (partial)")).sum()
         if k:
             parts.append(f"{k} {unit} from kernels only (their serving stack has no held-out "
                          "steps, so its own error is not in the band)")
-        x = np.char.endswith(basis.astype(str), EXTRAPOLATED).sum()
+        x = (np.char.find(basis.astype(str), EXTRAPOLATED) >= 0).sum()
         if x:
             parts.append(f"{x} {unit} widened for kernels outside their fitted shapes (ood_shape; "
                          "roofcal.model.intervals.EXTRAPOLATION)")
+        c = np.char.endswith(basis.astype(str), CACHED).sum()
+        if c:
+            parts.append(f"{c} {unit} widened for prefill attention over a cached prefix (its "
+                         "measured error, roofcal.model.intervals.CACHED_PREFIX)")
     elif "ood_shape" in df.columns:
         x = (df["ood_shape"].to_numpy(np.float64) > 0).sum()
         if x:

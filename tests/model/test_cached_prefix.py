@@ -32,3 +32,26 @@ def test_one_new_token_over_cached_keys_costs_a_decode(kernels):
     # charged to every cached key: median +53 % at 255 keys … +1278 % at 8,191 (0.14)
     assert float(np.mean(np.abs(err))) < 0.10
     assert float(np.max(np.abs(err))) < 0.40
+
+
+def test_cached_prefix_band_is_the_measured_one():
+    """The band widening prefill attention over a cached prefix is the one measured at its limit."""
+    from roofcal.bench.extrapolation import cached_prefix
+    from roofcal.model.intervals import CACHED_PREFIX
+    c = cached_prefix()
+    assert c["rows"] > 20_000
+    assert abs(c["p10"] - CACHED_PREFIX[0]) < 0.02 and abs(c["p90"] - CACHED_PREFIX[1]) < 0.02
+
+
+def test_prefix_share_by_hand():
+    from roofcal.model.intervals import cached_widening, prefix_share
+    from roofcal.physics.components.attention import prefill_attention
+    # one new token over 762 cached keys: pairs 763, of which 762 against the prefix
+    w = prefill_attention(1.0, 1.0, 763.0, 762.0, 32, 8, 128, 128, 2048)
+    assert float(prefix_share(w.shape[1], w.shape[2])) == pytest.approx(762 / 763, rel=1e-4)
+    # 512 new over 512 cached: pairs 512·513/2 + 512·512 = 393,472; prefix share 262,144 / 393,472
+    w = prefill_attention(1.0, 512.0, 393_472.0, 512.0, 32, 8, 128, 128, 2048)
+    assert float(prefix_share(w.shape[1], w.shape[2])) == pytest.approx(262_144 / 393_472, rel=1e-4)
+    # no cache: no share, no widening
+    assert float(prefix_share(2048.0, 0.0)) == 0.0
+    assert cached_widening(0.0) == (1.0, 1.0)

@@ -72,6 +72,32 @@ def test_ordinary_step_is_not_flagged():
     assert domain.summary(df) == "all 3 steps inside the fitted domain"
 
 
+def test_cached_prefix_widens_the_band_instead_of_a_flag():
+    # the per-op prefill tables hold cached = 0 only; a chunk over a cached prefix is looked up at
+    # the uncached chunk with the same causal pairs (inside the fitted range), so it is no flag.
+    # Its band widens by the measured error of that lookup, in proportion to the prefix's share
+    # of the pairs: 512 over 1,536 cached (share 0.86) far more than 512 over 16 (share 0.06)
+    steps = [Step(prefill=((512, 0),)), Step(prefill=((512, 16),)), Step(prefill=((512, 1536),))]
+    df = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE)
+    assert (df.ood_shape == 0).all() and (df.ood_what == "").all()
+    assert df.interval_basis.tolist() == ["kernels", "kernels + cached prefix", "kernels + cached prefix"]
+    width = (df.p90_us - df.p10_us) / df.predicted_us
+    assert width[0] < width[1] < width[2]
+    # the attention of the long prefix moved to its own band quantiles: 0.50^0.86 and 1.25^0.86
+    # (the p90 side: the kernel's own p90 is already wider at share 0.06)
+    from roofcal.model.intervals import CACHED_PREFIX, prefix_share
+    share = float(prefix_share(*_equivalent(512.0, 1536.0)))
+    assert share == pytest.approx(512 * 1536 / (512 * 1536 + 512 * 513 / 2), rel=1e-4)
+    attn = df.attn_prefill_us[2]
+    assert df.predicted_us[2] - df.p10_us[2] >= attn * (1.0 - CACHED_PREFIX[0] ** share) - 1e-6
+
+
+def _equivalent(new, cached):
+    """(equivalent uncached chunk, cached) descriptors of one chunk (attention.prefill_attention)."""
+    n = 0.5 * (math.sqrt((2 * new + 1) ** 2 + 8 * new * cached) - 1)
+    return n, cached
+
+
 def test_fits_memory_as_capacity_says():
     spec = load_model("llama-2-70b-hf")
     cap = capacity(spec, H100, 2)
@@ -153,16 +179,16 @@ def test_per_op_rows(tmp_path):
 
 def test_summary_line():
     df = pd.DataFrame({"ood_shape": [3.2, 1.0, 0.0, 0.0, 10.5],
-                       "ood_what": ["attn_decode.context", "lm_head.n", "", "", "attn_prefill.cached"],
+                       "ood_what": ["attn_decode.context", "lm_head.n", "", "", "attn_prefill.heads"],
                        "ood_detail": ["context 1,200,000 (fitted 1–131,071)", "n 64,000 (fitted 64–32,000)", "", "",
-                                      "cached 1,500 (fitted 0–0)"],
+                                      "heads 1,500 (fitted 4–128)"],
                        "ood_context": [True, False, True, False, False],
                        "fits_memory": [False, True, True, True, True], "zero_shot": False,
                        "no_kernel_data": [False, False, False, True, False]})
-    # the farthest first, in natural units; a known gap says what the data lack
+    # the farthest first, in natural units
     assert domain.summary(df) == (
-        "4 of 5 steps out of domain: 3 beyond the fitted shapes (attn_prefill cached 1,500 (fitted 0–0) — "
-        + domain.KNOWN_GAPS["cached"] + "; attn_decode context 1,200,000 (fitted 1–131,071); "
+        "4 of 5 steps out of domain: 3 beyond the fitted shapes (attn_prefill heads 1,500 (fitted 4–128); "
+        "attn_decode context 1,200,000 (fitted 1–131,071); "
         "lm_head n 64,000 (fitted 64–32,000)), 2 beyond the context limit; 1 does not fit in memory; "
         "1 with kernels that have no fitted data")
 

@@ -84,11 +84,11 @@ def test_kernel_step_interval_by_hand():
              "elementwise": np.array([50.0]), "allreduce": np.array([0.0]),
              "overhead": np.array([300.0])}
     total = np.array([1550.0])
-    lo, hi, cov, extrapolated = IV.kernel_step_interval(bands, calls, parts, total)
+    lo, hi, cov, extrapolated, cached = IV.kernel_step_interval(bands, calls, parts, total)
     # 1550 − 0.1·1000 − 0.05·200 = 1440;  1550 + 0.2·1000 + 0.05·200 = 1760
     assert lo[0] == pytest.approx(1440.0) and hi[0] == pytest.approx(1760.0)
     assert cov[0] == 1.0            # all-reduce takes no time here; elementwise is never measured
-    assert not extrapolated[0]
+    assert not extrapolated[0] and not cached[0]
     # the stack's decode band (0.8, 1.3) is wider: the union holds it
     lo, hi, basis = IV.step_interval(bands, {"decode": IV.Band(0.8, 1.3, 40)}, calls, parts, total,
                                      DECODE)
