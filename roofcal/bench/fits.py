@@ -192,13 +192,15 @@ def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> 
         print(text, flush=True)
         sections.append(text)
 
+    #: issue 19: a newcomer's main job, cold, on 2 cores
+    target = 30.0
     h100, h100_s, h100_m = default_fit("h100_sxm")
     a100, a100_s, a100_m = default_fit("a100_sxm")
     emit("Wall time of the default fit (cold, no compilation cache)",
          table([{"command": f"roofcal fit  (H100: {data_text(h100_m)})", "seconds": h100_s,
-                 "target s": 60.0, "met": "yes" if h100_s <= 60 else "no"},
+                 "target s": target, "met": "yes" if h100_s <= target else "no"},
                 {"command": f"roofcal fit --gpu a100_sxm  ({data_text(a100_m)})",
-                 "seconds": a100_s, "target s": 60.0, "met": "yes" if a100_s <= 60 else "no"}],
+                 "seconds": a100_s, "target s": target, "met": "yes" if a100_s <= target else "no"}],
                ["command", "seconds", "target s", "met"], floats="{:.1f}"))
     rows = per_op_rows("h100_sxm", h100.coeffs, seeded_small_tables("h100_sxm", h100_m)) \
         + per_op_rows("a100_sxm", a100.coeffs, seeded_small_tables("a100_sxm", a100_m))
