@@ -146,19 +146,24 @@ def cached_widening(share) -> tuple[np.ndarray, np.ndarray]:
     return CACHED_PREFIX[0] ** share, CACHED_PREFIX[1] ** share
 
 
-def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred, distance=None) -> tuple[np.ndarray, np.ndarray]:
+def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred, distance=None, share=None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(p10 µs, p90 µs) of per-op rows of one kernel: ``pred`` µs times the band of each row's
     regime (ideal times ``tc``, ``tm`` µs), widened by :func:`widening` for rows ``distance``
-    log2 units outside the fitted shapes; NaN where no band exists."""
+    log2 units outside the fitted shapes and, for prefill attention, to :func:`cached_widening`
+    of the rows' :func:`prefix_share` ``share``; NaN where no band exists."""
     pred = np.asarray(pred, np.float64)
     reg = regime(tc, tm)
     wide = widening(kind, 0.0 if distance is None else distance) * np.ones(pred.shape)
+    c10, c90 = (np.ones(pred.shape), np.ones(pred.shape)) if share is None else \
+        (x * np.ones(pred.shape) for x in cached_widening(share))
     lo, hi = np.full(pred.shape, np.nan), np.full(pred.shape, np.nan)
     for r in REGIMES:
         b = op_band(bands, kind, variant, r)
         if b is not None:
             sel = reg == r
-            lo[sel], hi[sel] = pred[sel] * b.p10 / wide[sel], pred[sel] * b.p90 * wide[sel]
+            lo[sel] = pred[sel] * np.minimum(b.p10 / wide[sel], c10[sel])
+            hi[sel] = pred[sel] * np.maximum(b.p90 * wide[sel], c90[sel])
     return lo, hi
 
 

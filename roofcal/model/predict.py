@@ -215,7 +215,12 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
         shape_flags = domain.op_shape_flags(params["ops"], op, dt, z) if (flags or bands is not None) else None
         if bands is not None:
-            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t, shape_flags["ood_shape"])
+            share = None
+            if op == "attn_prefill":                 # chunks over a cached prefix (descriptors 1, 2)
+                k = K.OP_KINDS[op]
+                x = np.exp2(np.asarray(z, np.float64) * np.asarray(k.scale) + np.asarray(k.center)) - 1.0
+                share = intervals.prefix_share(x[:, 1], x[:, 2])
+            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t, shape_flags["ood_shape"], share)
             out.loc[out.index[idx], "p10_us"], out.loc[out.index[idx], "p90_us"] = lo, hi
         if flags:
             for name, v in shape_flags.items():

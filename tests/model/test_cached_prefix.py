@@ -55,3 +55,21 @@ def test_prefix_share_by_hand():
     # no cache: no share, no widening
     assert float(prefix_share(2048.0, 0.0)) == 0.0
     assert cached_widening(0.0) == (1.0, 1.0)
+
+
+def test_per_op_rows_over_a_cached_prefix_get_the_measured_band():
+    """A per-op prefill row over a cached prefix is not flagged; its band widens to the measured
+    error of the lookup (0.50^share, 1.25^share), a row without a cache keeps the kernel's."""
+    from roofcal.model.intervals import CACHED_PREFIX
+    gpu = load_gpu("h100_sxm")
+    c = coeff_io.load("coeffs/h100_sxm.yaml", gpu)
+    rows = pd.DataFrame({"gpu": "h100_sxm", "op": "attn_prefill", "dtype": "bf16", "batch": 1,
+                         "seq": [8, 8], "cached": [0, 4096], "heads": 32, "kv_heads": 8, "head_dim": 128,
+                         "latency_us": 10.0, "source": "hand"})
+    out = predict_table(rows, c.params, gpu, flags=True, bands=c.op_bands)
+    assert (out.ood_shape == 0).all() and (out.ood_what == "").all()
+    lo, hi = out.p10_us / out.predicted_us, out.p90_us / out.predicted_us
+    share = 8 * 4096 / (8 * 4096 + 8 * 9 / 2)
+    assert lo[1] == pytest.approx(min(lo[0], CACHED_PREFIX[0] ** share), rel=1e-3)
+    assert hi[1] == pytest.approx(max(hi[0], CACHED_PREFIX[1] ** share), rel=1e-3)
+    assert hi[1] - lo[1] > hi[0] - lo[0]
