@@ -520,7 +520,10 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
     """Per run: the offered rate (its busiest stage), the rate its deployment sustains for the
     run's requests (:func:`roofcal.model.serving.saturation` of the busiest stage's load, KV
     blocks from the run's server description or ``roofcal capacity``), what limits it, and
-    whether the run is predicted to overload."""
+    whether the run is predicted to overload. For a run that overloaded, ``cadence_rate``: the
+    rate its measured cadence allows, the same running requests at the measured ITL instead of
+    the predicted cycle, D / ((output − 1) · ITL) in requests/s (a server at full load finishes
+    D requests every (output − 1) cycles); None for the others, whose ITL is not a full load's."""
     from roofcal.blis.run import model_config_folder
     from roofcal.physics.capacity import capacity
     from roofcal.physics.config import load_model
@@ -534,7 +537,10 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
         loads = serving.loads_of(e, seed)
         busiest = max(loads, key=lambda ld: ld.rate)
         s = serving.saturation(coeffs.params, spec, gpu, int(e.tp), busiest, kv)
+        itl_us = e.truth["summary"].itl_ms * 1000.0
+        cadence = s.running / (max(busiest.output - 1.0, 1.0) * itl_us) * 1e6 \
+            if e.overload and itl_us > 0 else None
         rows.append({"experiment": e.name, "offered_rate": busiest.rate, "saturation_rate": s.rate,
                      "limit": s.limit, "running_at_limit": s.running, "predicted_overload": busiest.rate > s.rate,
-                     "measured_overload": e.overload})
+                     "measured_overload": e.overload, "cadence_rate": cadence})
     return rows

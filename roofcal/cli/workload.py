@@ -193,10 +193,16 @@ def _print_saturation(a, exps, settings) -> None:
     rows = saturation_rows(c, exps, settings.model_configs, settings.seed)
     print("\nWhere each deployment saturates for its run's requests (steady state of the native model, "
           "busiest stage; roofcal workload saturation):\n")
+    cols = ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload",
+            "measured cadence allows req/s"]
     print(table([{"experiment": r["experiment"] + (" (overload)" if r["measured_overload"] else ""),
                   "offered req/s": r["offered_rate"], "sustains req/s": r["saturation_rate"],
-                  "limit": r["limit"], "predicted overload": "yes" if r["predicted_overload"] else "no"}
-                 for r in rows], ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload"]))
+                  "limit": r["limit"], "predicted overload": "yes" if r["predicted_overload"] else "no",
+                  "measured cadence allows req/s": "–" if r["cadence_rate"] is None else r["cadence_rate"]}
+                 for r in rows], cols))
+    if any(r["cadence_rate"] is not None for r in rows):
+        print("(measured cadence: an overloaded run's running requests at the measured ITL instead of the "
+              "predicted cycle; below 'sustains', the simulated server is faster at full load than the real one)")
 
 
 def cmd_saturation(a) -> None:

@@ -147,3 +147,10 @@ def test_overloaded_runs_are_predicted_to_saturate_below_their_offered_rate():
     rows = saturation_rows(C.load(resources.COEFFS / "h100_sxm.yaml"), read_experiments([RUNS]),
                            resources.default_model_configs())
     assert [r["predicted_overload"] for r in rows] == [r["measured_overload"] for r in rows]
+    # what the measured cadence allows at full load: Llama-2-70B reasoning ran 128 requests of
+    # 1,448 generated tokens at ITL (161,729.85 − 118,995.82 ms) / 1,447 = 29.533 ms:
+    # 128 / (1,447 · 0.029533 s) = 2.995 requests/s; runs with headroom have none
+    by = {r["experiment"]: r for r in rows}
+    r70 = by["20260218-065057-llama-2-70b-hf-tp4-reasoning"]
+    assert r70["running_at_limit"] == 128 and r70["cadence_rate"] == pytest.approx(2.995, abs=0.002)
+    assert all((r["cadence_rate"] is None) != r["measured_overload"] for r in rows)
