@@ -47,7 +47,8 @@ def test_shipped_transfer_bands_match_the_shipped_fits():
         assert sha256_file(src["file"]) == src["sha256"], f"{TB.DEFAULT_PATH} is stale for {gpu}: " \
             "rerun 'roofcal gpu transfer-bands'"
     again = TB.measure()
-    assert again["bands"] == doc["bands"] and again["per_direction"] == doc["per_direction"]
+    # re-measured on this machine: equal up to XLA's CPU rounding (float32 predictions)
+    assert _close(again["bands"], doc["bands"]) and _close(again["per_direction"], doc["per_direction"])
     # the A100 runs memory-bound decode attention slower than its bandwidth says, the H100
     # faster: the widest band of all
     widths = {k: b["p90"] / b["p10"] for k, b in doc["bands"].items()}
@@ -75,3 +76,14 @@ def test_bad_transfer_bands_file(tmp_path):
     p.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(RoofcalError, match=r"field 'bands.gemm.p10' must be a positive ratio"):
         TB.load(p)
+
+
+def _close(a, b, rel=1e-4) -> bool:
+    """Nested dicts / lists of numbers equal within ``rel`` (strings and keys exactly)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and set(a) == set(b) and all(_close(a[k], b[k], rel) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return isinstance(b, (int, float)) and abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+    return a == b
