@@ -192,7 +192,7 @@ def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> 
         print(text, flush=True)
         sections.append(text)
 
-    #: issue 19: a newcomer's main job, cold, on 2 cores
+    # a newcomer's main job, cold, on 2 cores, should take at most this (s)
     target = 30.0
     h100, h100_s, h100_m = default_fit("h100_sxm")
     a100, a100_s, a100_m = default_fit("a100_sxm")
