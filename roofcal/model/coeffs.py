@@ -296,6 +296,19 @@ TOP_FIELDS = {
 }
 #: the fields of a kernel set (``kernel_sets.<name>``)
 KERNEL_SET_FIELDS = ("data", "borrowed", "metrics", "ops", "intervals")
+#: the fields of a serving stack (``stacks.<name>``)
+STACK_FIELDS = ("alphas_us", "intervals", "kernel_scales", "mix_sharpness", "overheads_us", "overlap_sharpness",
+                "source")
+#: the fields of ``gpu``
+GPU_FIELDS = ("name", "datasheet_sha256")
+
+
+def _known_fields(d: dict, known, src: str, where: str, what: str) -> None:
+    """Refuse a mapping with a field outside ``known``: ``<src>: field '<where><field>' is not a
+    <what> field (<known>)``, naming the first unknown one (``where``: its path, with the dot)."""
+    extra = sorted(set(d) - set(known), key=str)
+    if extra:
+        raise RoofcalError(f"{src}: field '{where}{extra[0]}' is not a {what} field ({', '.join(known)})")
 
 
 def op_from_dict(key: str, d: dict, src: str) -> dict:
@@ -310,9 +323,7 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
     for f_ in OP_FIELDS:
         if f_ not in d:
             raise RoofcalError(f"{where}.{f_}' is missing")
-    extra = sorted(set(d) - set(OP_FIELDS), key=str)
-    if extra:
-        raise RoofcalError(f"{where}.{extra[0]}' is not a kernel field ({', '.join(OP_FIELDS)})")
+    _known_fields(d, OP_FIELDS, src, f"ops.{key}.", "kernel")
     lat = _finite(d["latency_us"], f"{where}.latency_us'", 0.0)
     q = _finite(d["sharpness"], f"{where}.sharpness'", 1.0)
     rng = d["range"]
@@ -379,11 +390,7 @@ def stack_from_dict(d, src: str, name: str) -> Stack:
     where = f"stacks.{name}"
     if not isinstance(d, dict):
         raise RoofcalError(f"{src}: field '{where}' must be a mapping")
-    known = {"source", "overheads_us", "kernel_scales", "mix_sharpness", "overlap_sharpness", "alphas_us",
-             "intervals"}
-    extra = sorted(set(d) - known, key=str)
-    if extra:
-        raise RoofcalError(f"{src}: field '{where}.{extra[0]}' is not a stack field ({', '.join(sorted(known))})")
+    _known_fields(d, STACK_FIELDS, src, f"{where}.", "stack")
     al = d.get("alphas_us", {n: 0.0 for n in ALPHAS})
     if not isinstance(al, dict) or set(al) != set(ALPHAS):
         raise RoofcalError(f"{src}: field '{where}.alphas_us' must give {', '.join(ALPHAS)}")
@@ -427,10 +434,7 @@ def kernel_set_from_dict(d, src: str, name: str) -> KernelSet:
     where = f"kernel_sets.{name}"
     if not isinstance(d, dict):
         raise RoofcalError(f"{src}: field '{where}' must be a mapping")
-    extra = sorted(set(d) - set(KERNEL_SET_FIELDS), key=str)
-    if extra:
-        raise RoofcalError(f"{src}: field '{where}.{extra[0]}' is not a kernel-set field "
-                           f"({', '.join(KERNEL_SET_FIELDS)})")
+    _known_fields(d, KERNEL_SET_FIELDS, src, f"{where}.", "kernel-set")
     for key, typ in (("data", list), ("metrics", dict), ("borrowed", dict)):
         if not isinstance(d.get(key, typ()), typ):
             raise RoofcalError(f"{src}: field '{where}.{key}' must be a {typ.__name__}")
@@ -454,7 +458,7 @@ def kernel_sets_from_dict(d: dict, src: str) -> tuple[dict, str]:
         names = {kernel_set_of(f) for f in files} - {""}
         name = names.pop() if len(names) == 1 else UNVERSIONED
         return {name: KernelSet(ops_from_dict(d.get("ops"), src), files,
-                                _kernel_metrics_of(d.get("metrics", {})),
+                                _metrics_part(d.get("metrics", {}), per_op=True),
                                 intervals_from_dict(d.get("intervals"), src))}, name
     raw = d.get("kernel_sets")
     if not isinstance(raw, dict) or not raw:
@@ -467,19 +471,12 @@ def kernel_sets_from_dict(d: dict, src: str) -> tuple[dict, str]:
     return sets, default
 
 
-def _kernel_metrics_of(m) -> dict:
-    """The per-op part of an older file's top-level metrics (keys ``<kind>/<variant>``)."""
+def _metrics_part(m, per_op: bool) -> dict:
+    """The per-op part (keys ``<kind>/<variant>``, ``per_op``; older files keep them at the top)
+    or the whole-step part of a file's top-level metrics."""
     if not isinstance(m, dict):
         return {}
-    return {split: {k: v for k, v in (m.get(split) or {}).items() if k.split("/")[0] in K.OP_KINDS}
-            for split in ("train", "heldout")}
-
-
-def _step_metrics_of(m) -> dict:
-    """The whole-step part of a file's top-level metrics."""
-    if not isinstance(m, dict):
-        return {}
-    return {split: {k: v for k, v in (m.get(split) or {}).items() if k.split("/")[0] not in K.OP_KINDS}
+    return {split: {k: v for k, v in (m.get(split) or {}).items() if (k.split("/")[0] in K.OP_KINDS) == per_op}
             for split in ("train", "heldout")}
 
 
@@ -656,17 +653,12 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     schema = doc.get("schema")
     if schema not in READS:
         raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {', '.join(map(repr, READS))}")
-    extra = sorted(set(doc) - set(TOP_FIELDS[schema]), key=str)
-    if extra:
-        raise RoofcalError(f"{src}: field '{extra[0]}' is not a coefficient-file field "
-                           f"({', '.join(TOP_FIELDS[schema])})")
+    _known_fields(doc, TOP_FIELDS[schema], src, "", "coefficient-file")
     g = doc.get("gpu")
     if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
             or not isinstance(g.get("datasheet_sha256"), str):
         raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
-    if set(g) - {"name", "datasheet_sha256"}:
-        raise RoofcalError(f"{src}: field 'gpu.{sorted(set(g) - {'name', 'datasheet_sha256'}, key=str)[0]}' "
-                           "is not a gpu field (name, datasheet_sha256)")
+    _known_fields(g, GPU_FIELDS, src, "gpu.", "gpu")
     for key, typ in (("notes", list), ("data", list), ("fit", dict), ("metrics", dict)):
         if not isinstance(doc.get(key, typ()), typ):
             raise RoofcalError(f"{src}: field '{key}' must be a {typ.__name__}")
@@ -677,7 +669,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
                      default_kernels=kernels,
                      calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),
                      data=doc.get("data", []), fit=doc.get("fit", {}),
-                     metrics=_step_metrics_of(doc.get("metrics", {})), source=src,
+                     metrics=_metrics_part(doc.get("metrics", {}), per_op=False), source=src,
                      kernel_sets=sets, kernels=kernels)
     stacks, default = stacks_from_dict(doc, src)
     c = with_stack(Coefficients(**{**c.__dict__, "stacks": stacks}), default)
