@@ -24,10 +24,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_umask())           # mkstemp makes 0600; give a normal file's mode
         os.replace(tmp, path)
     except OSError as err:                          # name the file the user asked for, not the temporary
-        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+        raise _naming(err, path) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _naming(err: OSError, path) -> OSError:
+    """``err`` naming ``path`` (the file the user asked for) instead of a temporary beside it."""
+    return OSError(err.errno, err.strerror or str(err), str(path))
 
 
 def _temp_beside(path: Path) -> Path:
@@ -43,7 +48,7 @@ def _temp_beside(path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
-        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+        raise _naming(err, path) from None
     os.close(fd)
     return Path(tmp)
 
@@ -134,7 +139,7 @@ def write_files_atomic(files: dict) -> None:
                     tmp.write_bytes(data)
                 os.chmod(tmp, 0o666 & ~_umask())
             except OSError as err:
-                raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+                raise _naming(err, path) from None
         try:
             for tmp, path in staged:
                 os.replace(tmp, path)
