@@ -327,13 +327,6 @@ def max_batch(cap: Capacity, context: int) -> int:
     return int(cap.kv_blocks // math.ceil(context / cap.block_size))
 
 
-def kv_tokens_needed(totals) -> np.ndarray:
-    """KV tokens a step holds from :class:`~roofcal.physics.steps.StepTotals`: Σ over prefill chunks
-    of cached + new, plus Σ over decodes of context + 1."""
-    return (np.asarray(totals.prefill_cached_tokens, np.float64) + np.asarray(totals.prefill_tokens, np.float64)
-            + np.asarray(totals.decode_kv_tokens, np.float64))
-
-
 def kv_blocks_needed(batch, block_size: int = 16) -> np.ndarray:
     """KV blocks each step of a :class:`~roofcal.physics.steps.StepBatch` holds: every sequence
     rounded up to whole blocks — ⌈(cached + new) / block⌉ per prefill chunk, ⌈(context + 1) /
