@@ -204,6 +204,7 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
     prompt and context, max_num_seqs 256, a budget of 8,192 tokens."""
     from roofcal.measurements.stepdata import StepData
     from roofcal.model.combine import step_breakdown
+    from roofcal.model.domain import context_limit
     from roofcal.model.serving import loads_of
     from roofcal.physics.capacity import capacity
     from roofcal.physics.config import load_model
@@ -225,8 +226,8 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
     else:
         ctx = prompt = float(NOMINAL_CONTEXT)
         cached, seqs, budget, limit, kv = 0.0, 256, 8192, 10 ** 9, 10 ** 12
-    prefixes = sorted({0, int(round(cached))} if target.experiments else {0, 1024, 4096})
-    from roofcal.model.domain import context_limit
+    p, pc = int(round(prompt)), int(round(cached))
+    prefixes = sorted({0, pc} if target.experiments else {0, 1024, 4096})
     limit = min(limit, context_limit(spec) or limit) - 1
     kv = min(kv, capacity(spec, gpu, tp, max_num_batched_tokens=budget, max_num_seqs=seqs).kv_blocks)
     light, sat = [], []
@@ -241,10 +242,8 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
             if pre + new <= limit:
                 sat.append(Step(prefill=((new, pre),), decode=(c,) * (d - 1)))
         half = max(1, new // 2)
-        if int(round(cached)) + half <= limit:
-            sat.append(Step(prefill=((half, int(round(cached))), (new - half, int(round(cached)))),
-                            decode=(c,) * (d - 1)))
-    p, pc = int(round(prompt)), int(round(cached))
+        if pc + half <= limit:
+            sat.append(Step(prefill=((half, pc), (new - half, pc)), decode=(c,) * (d - 1)))
     light += [Step(prefill=((min(p, budget), 0),)), Step(prefill=((max(1, p - pc), pc),), decode=(int(ctx),) * 4)]
     out = {}
     for name, steps in (("light", light), ("saturated", sat)):

@@ -27,7 +27,8 @@ def cmd_fit(a) -> None:
         raise RoofcalError(f"--prior-weight must be a finite number ≥ 0, got {a.prior_weight}")
     t0 = time.time()
     gpu = load_gpu(a.gpu)
-    check_output(Path(a.out) if a.out else Path(DEFAULT_OUT) / f"{gpu.name}.yaml", "coefficient file (--out)")
+    if not a.out:                        # a given --out was checked with every command's outputs
+        check_output(Path(DEFAULT_OUT) / f"{gpu.name}.yaml", "coefficient file (--out)")
     paths = a.data or datasets.bundled_paths(gpu.name)
     prior = coeff_io.load(a.prior, gpu) if a.prior else None
     m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)

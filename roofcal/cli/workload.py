@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from roofcal.resources import SHARED_MODEL_CONFIGS, default_model_configs  # noqa: F401  (re-exported)
+from roofcal.resources import default_model_configs
 #: how ``--coeffs`` is exported for BLIS (roofcal.calibration.workload.EXPORTS, without importing JAX)
 EXPORTS = ("per-deployment", "per-run", "global")
 EXPORT_HELP = ("per-deployment: one defaults.yaml per deployment, its betas distilled for it and alpha0 from "
@@ -38,10 +38,10 @@ def settings_from_args(a, need_blis: bool = True):
 
     if a.workers < 1:
         raise RoofcalError(f"--workers must be ≥ 1, got {a.workers}")
-    for name in ("samples", "refreshes"):
+    for name, most in (("samples", 1_000_000), ("refreshes", 100)):
         v = getattr(a, name, None)
-        if v is not None and not 1 <= v <= (1_000_000 if name == "samples" else 100):
-            raise RoofcalError(f"--{name} must be in 1 … {1_000_000 if name == 'samples' else 100}, got {v}")
+        if v is not None and not 1 <= v <= most:
+            raise RoofcalError(f"--{name} must be in 1 … {most}, got {v}")
     c = getattr(a, "first_token_cycles", None)
     if c is not None and not (0.0 <= c <= 10.0):
         raise RoofcalError(f"--first-token-cycles must be in [0, 10], got {c}")
