@@ -43,12 +43,7 @@ def measure(gpu_name: str = "h100_sxm") -> list[dict]:
     settings = F.FitSettings(progress=False)
     for kind, variant, desc in CASES:
         t = table[(table["op"] == kind) & (table["dtype"] == variant)].reset_index(drop=True)
-        if kind == "attn_prefill":
-            col = "seq"
-        elif kind == "allreduce":
-            col = "bytes"
-        else:
-            col = {"m": "m", "context": "context", "tokens": "tokens"}[desc]
+        col = {"seq_len": "seq"}.get(desc, desc)          # the table's column of the descriptor
         u = np.log2(1.0 + t[col].to_numpy(np.float64))
         cut = np.quantile(u, FITTED_QUANTILE)
         test = u > cut                                    # held back: everything beyond the cut
@@ -86,11 +81,11 @@ MIN_CACHED = 255
 
 def cached_prefix_ratios(coeffs_path: str = "coeffs/h100_sxm.yaml", gpu_name: str = "h100_sxm",
                          kernels: str = "vllm-0.14.0"):
-    """measured / predicted (NumPy, per row) and the rows' sequence counts of prefill attention
-    over a cached prefix at its measured limit: every decode row of kernel set ``kernels`` with
-    context c ≥ :data:`MIN_CACHED`, predicted as one new token over c cached keys per sequence by
-    the prefill-attention correction of ``coeffs_path`` (the kernel vLLM's FlashAttention runs for
-    such a chunk is the one the decode tables time)."""
+    """Prefill attention over a cached prefix at its measured limit: every decode row of kernel set
+    ``kernels`` with context c ≥ :data:`MIN_CACHED`, predicted as one new token over c cached keys
+    per sequence by the prefill-attention correction of ``coeffs_path`` (the kernel vLLM's
+    FlashAttention runs for such a chunk is the one the decode tables time). One row per decode
+    row: ``batch`` (sequences), ``context`` (c), ``ratio`` = measured / predicted."""
     import pandas as pd
 
     from roofcal.measurements.datasets import microbench_table
@@ -105,7 +100,8 @@ def cached_prefix_ratios(coeffs_path: str = "coeffs/h100_sxm.yaml", gpu_name: st
                                                   "head_dim", "latency_us", "source")})
     rows = rows.assign(op="attn_prefill", seq=1, cached=d.context.values)
     pred = predict_table(rows, params, gpu)
-    return (pred["latency_us"] / pred["predicted_us"]).to_numpy(np.float64), rows["batch"].to_numpy()
+    return pd.DataFrame({"batch": d.batch.values, "context": d.context.values,
+                         "ratio": (pred["latency_us"] / pred["predicted_us"]).to_numpy(np.float64)})
 
 
 def weighted_quantile(x, w, q):
@@ -122,7 +118,8 @@ def cached_prefix(coeffs_path: str = "coeffs/h100_sxm.yaml", gpu_name: str = "h1
     equally), with per-set medians by sequence count: :data:`roofcal.model.intervals.CACHED_PREFIX`."""
     xs, ws, by = [], [], {}
     for name in sets:
-        r, batch = cached_prefix_ratios(coeffs_path, gpu_name, name)
+        rows = cached_prefix_ratios(coeffs_path, gpu_name, name)
+        r, batch = rows["ratio"].to_numpy(), rows["batch"].to_numpy()
         xs.append(r)
         ws.append(np.full(len(r), 1.0 / len(r)))
         by[name] = {int(b): float(np.median(r[batch == b])) for b in sorted(set(batch.tolist()))}
