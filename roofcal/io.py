@@ -179,12 +179,25 @@ def write_csv_atomic(df, path: str | os.PathLike) -> None:
     write_text_atomic(path, csv_text(df))
 
 
+def yaml_text(doc, **options) -> str:
+    """``yaml.safe_dump(doc, **options)``, through libyaml's emitter where PyYAML has it: the
+    same text, four times faster (coefficient files are 0.5 MB)."""
+    import yaml
+    return yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), **options)
+
+
+def yaml_load(text: str):
+    """``yaml.safe_load(text)``, through libyaml's parser where PyYAML has it (eight times faster)."""
+    import yaml
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def read_yaml(path: str | os.PathLike, what: str = "file"):
     """Parse a YAML file; a missing file or bad YAML raises a one-line ``RoofcalError``."""
     import yaml
     from roofcal.errors import RoofcalError
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return yaml_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RoofcalError(f"{path}: no such {what}")
     except UnicodeDecodeError:

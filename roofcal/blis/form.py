@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 
 from roofcal import __version__
 from roofcal.blis.basis import N_BETA, BlisHardware, validate_blis_coeffs
@@ -33,7 +32,7 @@ from roofcal.blis.defaults_yaml import read_text_exact, strict_yaml_load, yaml_f
 from roofcal.blis.fit import BETA_NAMES, Deployment, deployments_from_records
 from roofcal.blis.hardware_json import require_peaks
 from roofcal.errors import RoofcalError
-from roofcal.io import write_text_atomic
+from roofcal.io import write_text_atomic, yaml_text
 from roofcal.model.coeffs import READS as COEFFS_READS, SCHEMA as COEFFS_SCHEMA
 
 BLIS_FORM_SCHEMA = "roofcal-blis/1"
@@ -96,7 +95,7 @@ def form_to_yaml(form: BlisForm) -> str:
         "# alpha/beta are BLIS trained-physics alpha_coeffs/beta_coeffs (beta in BLIS index order), fitted\n"
         "# for the hardware entry and deployments below. Export: roofcal export blis --coeffs THIS ...\n"
     )
-    return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110, default_flow_style=None)
+    return header + yaml_text(doc, sort_keys=False, allow_unicode=True, width=110, default_flow_style=None)
 
 
 def save_form(form: BlisForm, path: str | Path) -> None:

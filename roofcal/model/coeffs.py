@@ -58,14 +58,13 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-import yaml
 
 from roofcal import __version__
 from roofcal.model import correction as K
 from roofcal.model import intervals as IV
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.io import read_yaml, write_text_atomic
+from roofcal.io import read_yaml, write_text_atomic, yaml_load, yaml_text
 
 SCHEMA = "roofcal-coeffs/3"
 #: schema versions this roofcal reads
@@ -630,7 +629,7 @@ def to_yaml(c: Coefficients) -> str:
               "# README. Efficiencies are sigmoid(sum of term coefficients x standardized log-shape\n"
               "# monomials); latencies and overheads in microseconds; 'kernel_sets' are kernel corrections\n"
               "# per kernel library, 'stacks' serving stacks.\n")
-    return header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
+    return header + yaml_text(doc, sort_keys=False, allow_unicode=True, width=100)
 
 
 def _set_order(name):
@@ -680,7 +679,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
 
 def roundtrip(c: Coefficients) -> Coefficients:
     """``c`` as it will read back from its file (parameters rounded to file precision)."""
-    doc = yaml.safe_load(to_yaml(c))
+    doc = yaml_load(to_yaml(c))
     stacks, default = stacks_from_dict(doc, c.source)
     sets, kernels = kernel_sets_from_dict(doc, c.source)
     params = {k: v for k, v in c.params.items() if k != "ops"}

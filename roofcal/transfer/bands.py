@@ -23,7 +23,7 @@ import numpy as np
 
 from roofcal import resources
 from roofcal.errors import RoofcalError
-from roofcal.io import read_yaml, sha256_file, write_text_atomic
+from roofcal.io import read_yaml, sha256_file, write_text_atomic, yaml_text
 from roofcal.model import correction as K
 from roofcal.model.intervals import LEVEL, Band
 from roofcal.physics.kernels import groups
@@ -111,7 +111,7 @@ def write(doc: dict, out=DEFAULT_PATH) -> None:
     import yaml
     header = ("# roofcal zero-shot transfer bands (roofcal/transfer/bands.py): how far a GPU's\n"
               "# bootstrapped predictions land from measurements, per kernel kind.\n")
-    write_text_atomic(out, header + yaml.safe_dump(doc, sort_keys=False, width=100))
+    write_text_atomic(out, header + yaml_text(doc, sort_keys=False, width=100))
 
 
 def load(path=DEFAULT_PATH) -> dict:
