@@ -541,6 +541,12 @@ CASES = [
     C("traces-read-out-requests-unwritable", *TREAD, "--out-steps", "s.jsonl", "--out-requests", f"{PROC}/r.csv"),
     C("traces-read-out-context-is-dir", *TREAD, "--out-steps", "s.jsonl", "--out-context", "adir"),
     C("traces-read-out-context-under-file", *TREAD, "--out-steps", "s.jsonl", "--out-context", "afile/c.csv"),
+    C("traces-read-out-steps-is-the-trace", *TREAD, "--out-steps", "trace.json"),
+    C("traces-read-out-context-is-the-trace", *TREAD, "--out-steps", "s.jsonl", "--out-context", "trace.json"),
+    C("traces-read-context-and-requests-one-file", *TREAD, "--out-steps", "s.jsonl", "--out-context", "r.csv",
+      "--out-requests", "r.csv"),
+    C("traces-read-requests-is-derived-context", *TREAD, "--out-steps", "s.jsonl", "--out-requests",
+      "s.context.csv"),
 ]
 
 assert len({c.id for c in CASES}) == len(CASES), "duplicate case ids"

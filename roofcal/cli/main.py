@@ -76,14 +76,19 @@ def os_error_line(e: OSError) -> str:
 
 
 def check_outputs(args) -> None:
-    """Refuse, before any work, every output a command declared (``set_defaults(outputs=[(dest,
-    "file" | "dir", what)])``) that cannot be written, and two outputs that are one file."""
+    """Refuse, before any work, every output a command declared that cannot be written, two
+    outputs that are one file, and an output that would overwrite an input.
+
+    A command declares ``set_defaults(outputs=[(dest, "file" | "dir", what)], inputs=[dest])``;
+    an output's ``dest`` may also be a function of the arguments (a path derived from another
+    option), and ``inputs`` name the options holding input files (one path or a list).
+    """
     from pathlib import Path
 
     from roofcal.io import check_output, check_output_dir
     seen: dict = {}
     for dest, kind, what in getattr(args, "outputs", ()):
-        value = getattr(args, dest, None)
+        value = dest(args) if callable(dest) else getattr(args, dest, None)
         if not value:
             continue
         path = Path(value)
@@ -92,6 +97,12 @@ def check_outputs(args) -> None:
         if key in seen:
             raise RoofcalError(f"{path}: given as both the {seen[key]} and the {what}")
         seen[key] = what
+    for dest in getattr(args, "inputs", ()):
+        given = getattr(args, dest, None) or []
+        for value in [given] if isinstance(given, (str, Path)) else given:
+            what = seen.get(Path(value).resolve())
+            if what is not None:
+                raise RoofcalError(f"{value}: the {what} would overwrite an input file")
 
 
 def main(argv=None) -> int:

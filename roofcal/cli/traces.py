@@ -25,6 +25,11 @@ def default_context_path(out_steps: str) -> Path:
     return p.with_name(stem + ".context.csv")
 
 
+def context_path(a) -> Path:
+    """The context CSV: ``--out-context``, else :func:`default_context_path` of ``--out-steps``."""
+    return Path(a.out_context) if a.out_context else default_context_path(a.out_steps)
+
+
 def cmd_read(a) -> None:
     from tqdm import tqdm
 
@@ -35,21 +40,7 @@ def cmd_read(a) -> None:
         raise RoofcalError(f"--warmup-steps must be ≥ 0, got {a.warmup_steps}")
     if a.max_preempted < 1:
         raise RoofcalError(f"--max-preempted must be ≥ 1, got {a.max_preempted}")
-    from roofcal.io import check_output
-    context = Path(a.out_context) if a.out_context else default_context_path(a.out_steps)
-    outs = [(Path(a.out_steps), "steps JSONL (--out-steps)"), (context, "context CSV (--out-context)")]
-    if a.out_requests:
-        outs.append((Path(a.out_requests), "requests CSV (--out-requests)"))
-    for path, what in outs:                      # every output checked before any reading
-        check_output(path, what)
-    resolved = [p.resolve() for p, _ in outs]
-    if len(set(resolved)) != len(resolved):
-        raise RoofcalError(f"{outs[0][0]}: two outputs would be the same file (--out-steps, --out-context, "
-                           "--out-requests)")
-    inputs = {Path(p).resolve() for p in a.traces}
-    for path, what in outs:
-        if path.resolve() in inputs:
-            raise RoofcalError(f"{path}: the {what} would overwrite an input trace")
+    context = context_path(a)
     total = 0
     for p in a.traces:
         if Path(p).is_dir():
@@ -85,4 +76,7 @@ def register(sub) -> None:
                    help=f"steps preempting at least this many requests are flagged "
                         f"(default {MAX_PREEMPTED})")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    r.set_defaults(func=cmd_read)
+    r.set_defaults(func=cmd_read, inputs=["traces"], outputs=[
+        ("out_steps", "file", "steps JSONL (--out-steps)"),
+        (context_path, "file", "context CSV (--out-context)"),
+        ("out_requests", "file", "requests CSV (--out-requests)")])
