@@ -32,7 +32,7 @@ import numpy as np
 from roofcal import resources
 from roofcal.blis.defaults_yaml import check_written, read_defaults_coefficients, read_text_exact, replace_coefficients
 from roofcal.blis.fit import BlisFitSettings, Deployment, build_rows, fit_blis, resolve_deployment
-from roofcal.blis.form import blis_flags, validate_export_coeffs
+from roofcal.blis.form import blis_flags, source_note, validate_export_coeffs
 from roofcal.blis.hardware_json import hardware_for_gpu
 from roofcal.blis.sampling import SamplerSettings
 from roofcal.errors import RoofcalError
@@ -427,8 +427,8 @@ def comment(ex: DeploymentExport, coeffs_path=None) -> str:
     from roofcal.io import sha256_file
     src = ""
     if coeffs_path is not None and Path(coeffs_path).is_file():
-        src = (f" of {resources.display(Path(coeffs_path))} (sha256 {sha256_file(coeffs_path)[:12]}"
-               + (f", kernels {ex.provenance['kernels']}" if ex.provenance.get("kernels") else "") + ")")
+        src = " " + source_note(resources.display(Path(coeffs_path)), sha256_file(coeffs_path),
+                                ex.provenance.get("kernels"))
     d = ex.distill_mape()
     deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
     only = " only" if len(ex.targets) == 1 else ""

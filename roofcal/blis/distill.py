@@ -26,7 +26,7 @@ from roofcal.blis.fit import (
     score_rows,
 )
 from roofcal.blis.form import (BLIS_FORM_SCHEMA, BlisForm, blis_flags, form_from_dict,
-                               read_coefficient_doc, validate_export_coeffs)
+                               read_coefficient_doc, source_note, validate_export_coeffs)
 from roofcal.blis.hardware_json import hardware_for_gpu
 from roofcal.errors import RoofcalError
 from roofcal.io import backup_path, file_record, sha256_file, write_bytes_atomic
@@ -201,8 +201,7 @@ def provenance_comment(form: BlisForm, form_path: str | Path | None = None) -> s
     c = p.get("coeffs") or {}
     parts = [f"roofcal {__version__}: fitted in BLIS's basis by {p.get('method', 'unknown method')}"]
     if c:
-        parts.append(f"of {c.get('path')} (sha256 {str(c.get('sha256'))[:12]}"
-                     + (f", kernels {p['kernels']}" if p.get("kernels") else "") + ")")
+        parts.append(source_note(c.get("path"), c.get("sha256"), p.get("kernels")))
     if form_path is not None:
         parts.append(f"via {resources.display(Path(form_path))} (sha256 {sha256_file(form_path)[:12]})")
     deps = ", ".join(f"{d.model} TP{d.tp}" for d in form.deployments)

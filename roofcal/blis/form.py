@@ -48,6 +48,13 @@ def validate_export_coeffs(alpha: Sequence[float], beta: Sequence[float], source
         raise RoofcalError(f"{source}: {len(beta)} beta values; BLIS reads at most {N_BETA} (it would silently drop the rest)")
 
 
+
+def source_note(path, sha256: str, kernels: str | None = None) -> str:
+    """``of PATH (sha256 <first 12>, kernels K)``: the roofcal file a BLIS export came from, for
+    the provenance line above the coefficients of a ``defaults.yaml``."""
+    return f"of {path} (sha256 {str(sha256)[:12]}" + (f", kernels {kernels}" if kernels else "") + ")"
+
+
 def blis_flags(alpha: Sequence[float], beta: Sequence[float]) -> str:
     """The equivalent ``blis run`` flags."""
     join = lambda v: ",".join(yaml_float(x) for x in v)
