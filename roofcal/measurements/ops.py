@@ -32,7 +32,13 @@ d5bad971c; checked against the data):
   77 µs (DeepGemm) and 151 µs (CUTLASS) that no step of a CUDA-graphed server pays. They are left
   out (:data:`NOT_IN_GRAPH`); the set has no ``gemm/fp8_block`` rows of its own;
 * ``w4a16_mxfp4`` MoE rows are MXFP4 kernels (Marlin and gpt-oss Triton), not the int4 Marlin
-  kernel of ``int4_wo``; no bundled model uses MXFP4, so they are left out rather than pooled.
+  kernel of ``int4_wo``; no bundled model uses MXFP4, so they are left out rather than pooled;
+* its attention tables time FlashAttention 3 and, on 2–3 % of the bf16 rows, FlashAttention 4
+  (``kernel_source``): every FA4 row has head dim 512 (with 1–2 KV heads), where the tables hold
+  no FA3 row, and no model roofcal maps runs attention at that head dim (MLA is mapped at its qk
+  head dim with one KV head). A different kernel at a shape of its own, 14 % (decode) and 9 %
+  (prefill) off the surface the FA3 rows share and pulling it: left out
+  (:data:`LEFT_OUT_SOURCES`).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ POWER_LAW_EXPONENT = 0.5
 _DTYPE = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "int4_wo": "int4"}
 #: (kernel set, op, dtype) of tables timed outside CUDA graphs, left out (module docstring)
 NOT_IN_GRAPH = {("vllm-0.24.0", "gemm", "fp8_block")}
+#: kernel_source values whose rows are left out (module docstring)
+LEFT_OUT_SOURCES = {"vllm_flash_attn_fa4"}
 
 
 def kernel_set_of(path: str | Path) -> str:
@@ -87,6 +95,8 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
     """Convert one aiconfigurator table (any of its perf parquet files) to the interchange form."""
     cols = set(df.columns)
     dev = _gpu_name(str(df["device"].iloc[0]) if "device" in cols and len(df) else "", gpu)
+    if "kernel_source" in cols:
+        df = df[~df["kernel_source"].isin(LEFT_OUT_SOURCES)]
     out = pd.DataFrame(index=df.index)
     if {"m", "n", "k", "gemm_dtype"} <= cols:
         out["op"] = "gemm"

@@ -54,13 +54,13 @@ EXTRAPOLATION = {"gemm": 0.27, "attn_prefill": 0.27, "attn_decode": 0.15, "moe":
 EXTRAPOLATED = " + extrapolation"
 #: measured / predicted of prefill attention over a cached prefix at its one measured limit: a
 #: chunk of one new token over c cached keys per sequence is the kernel the decode tables time
-#: (20,623 H100 decode rows with c ≥ 255, 1–2,048 sequences, vLLM 0.14 and 0.24 pooled, each
+#: (20,242 H100 decode rows with c ≥ 255, 1–2,048 sequences, vLLM 0.14 and 0.24 pooled, each
 #: set weighted equally; ``python -m roofcal.bench.extrapolation``, 2026-11-24). The lookup at the
-#: equivalent uncached chunk is right for one sequence (median 1.05 / 1.00) and charges many
-#: one-token chunks too much (median 0.39 / 0.54 at 2,048 sequences): the (p10, p90) below. A step's
+#: equivalent uncached chunk is right for one sequence (median 1.05 / 0.96) and charges many
+#: one-token chunks too much (median 0.39 / 0.48 at 2,048 sequences): the (p10, p90) below. A step's
 #: prefill-attention band is widened to them in proportion to the share of its causal pairs that
 #: are against the prefix (:func:`cached_widening`): 0 without a cache, → 1 for one-token chunks.
-CACHED_PREFIX = (0.50, 1.25)
+CACHED_PREFIX = (0.48, 1.23)
 #: ``interval_basis`` suffix of a band widened for a cached prefix
 CACHED = " + cached prefix"
 

@@ -39,6 +39,20 @@ def test_the_024_tables_leave_out_what_vllm_never_runs_in_a_graph():
     assert (moe["dtype"] == "int4").sum() == 1_053
 
 
+@pytest.mark.parametrize("table, fa4", [("generation_attention_perf", 800), ("context_attention_perf", 578)])
+def test_the_024_attention_tables_leave_out_the_fa4_rows(table, fa4):
+    # FA4 rows are all at head dim 512 (bf16 KV), where no FA3 row is: not read
+    raw = pd.read_parquet(f"data/microbench/h100_sxm/{NEW}/{table}.parquet")
+    raw = raw[raw["window_size"] == 0]
+    fa4_rows = raw["kernel_source"] == "vllm_flash_attn_fa4"
+    assert fa4_rows.sum() == fa4
+    assert set(raw.loc[fa4_rows, "head_dim"]) == {512} and (raw.loc[~fa4_rows, "head_dim"] <= 256).all()
+    rows = read_ops(f"data/microbench/h100_sxm/{NEW}/{table}.parquet")
+    fa3 = raw["kernel_source"] == "vllm_flash_attn_fa3"
+    assert len(rows) == fa3.sum() == len(raw) - fa4
+    assert (rows["dtype"] == "bf16").sum() == (rows["dtype"] == "fp8").sum()
+
+
 def test_a_new_set_does_not_reshuffle_another_sets_split():
     t = microbench_table("h100_sxm")
     old = t[t["kernels"].isin([OLD, ""])].reset_index(drop=True)
