@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-
 from roofcal import __version__
 from roofcal.blis.basis import N_BETA, BlisHardware, validate_blis_coeffs
 from roofcal.blis.defaults_yaml import read_text_exact, strict_yaml_load, yaml_float, yaml_numbers
@@ -46,7 +45,6 @@ def validate_export_coeffs(alpha: Sequence[float], beta: Sequence[float], source
         raise RoofcalError(f"{source}: {err}") from None
     if len(beta) > N_BETA:
         raise RoofcalError(f"{source}: {len(beta)} beta values; BLIS reads at most {N_BETA} (it would silently drop the rest)")
-
 
 
 def source_note(path, sha256: str, kernels: str | None = None) -> str:

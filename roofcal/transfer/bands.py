@@ -108,7 +108,6 @@ def measure(h100_path=None, a100_path=None) -> dict:
 
 def write(doc: dict, out=DEFAULT_PATH) -> None:
     """Write a transfer-bands document as YAML, atomically."""
-    import yaml
     header = ("# roofcal zero-shot transfer bands (roofcal/transfer/bands.py): how far a GPU's\n"
               "# bootstrapped predictions land from measurements, per kernel kind.\n")
     write_text_atomic(out, header + yaml_text(doc, sort_keys=False, width=100))
