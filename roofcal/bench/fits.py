@@ -160,8 +160,24 @@ def random_batch(steps: int, seed: int = 0):
     return batch, phase
 
 
+#: timed calls behind a throughput figure, which is their median (one call's time varies by a
+#: third on a shared 2-core machine, the first ones after compiling the slowest)
+TIMED_CALLS = 5
+
+
+def median_seconds(call, reps: int = TIMED_CALLS) -> float:
+    """Median wall time (s) of ``reps`` calls of ``call()``; the caller compiles first."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def throughput(coeffs, steps: int = 1_000_000) -> dict:
-    """Predicted steps per second once compiled (Llama-2-70B, TP 4; :func:`random_batch`)."""
+    """Predicted steps per second once compiled (Llama-2-70B, TP 4; :func:`random_batch`): the
+    median of :data:`TIMED_CALLS` calls."""
     import jax
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
@@ -172,11 +188,7 @@ def throughput(coeffs, steps: int = 1_000_000) -> dict:
     t0 = time.time()
     f(coeffs.params, model, gpu, 4, batch).block_until_ready()
     compile_s = time.time() - t0
-    reps = 3
-    t0 = time.time()
-    for _ in range(reps):
-        f(coeffs.params, model, gpu, 4, batch).block_until_ready()
-    per = (time.time() - t0) / reps
+    per = median_seconds(lambda: f(coeffs.params, model, gpu, 4, batch).block_until_ready())
     return {"steps": steps, "first call (compile) s": compile_s, "seconds per call": per,
             "steps per second": steps / per}
 

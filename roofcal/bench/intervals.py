@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -130,19 +129,16 @@ def throughput(coeffs, steps: int = 1_000_000) -> dict:
     """Steps per second of whole-step prediction with bands and out-of-domain flags, once
     compiled (Llama-2-70B TP 4 on H100; :func:`roofcal.bench.fits.random_batch`): what
     :func:`roofcal.model.predict.predict` computes per deployment
-    (:func:`~roofcal.model.predict.step_arrays`), without building the DataFrame."""
-    from roofcal.bench.fits import random_batch
+    (:func:`~roofcal.model.predict.step_arrays`), without building the DataFrame; the median of
+    :data:`roofcal.bench.fits.TIMED_CALLS` calls."""
+    from roofcal.bench.fits import median_seconds, random_batch
     from roofcal.model.predict import step_arrays
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     model, gpu = load_model("llama-2-70b-hf"), load_gpu("h100_sxm")
     batch, _ = random_batch(steps)
     step_arrays(coeffs, model, gpu, 4, batch)              # compile
-    reps = 3
-    t0 = time.time()
-    for _ in range(reps):
-        step_arrays(coeffs, model, gpu, 4, batch)
-    per = (time.time() - t0) / reps
+    per = median_seconds(lambda: step_arrays(coeffs, model, gpu, 4, batch))
     return {"steps": steps, "seconds per call": per, "steps per second": steps / per}
 
 
