@@ -310,6 +310,21 @@ def _known_fields(d: dict, known, src: str, where: str, what: str) -> None:
         raise RoofcalError(f"{src}: field '{where}{extra[0]}' is not a {what} field ({', '.join(known)})")
 
 
+def _section(d, src: str, where: str, known, what: str) -> None:
+    """Refuse ``d``, the value of field ``where``, unless it is a mapping of ``known`` fields."""
+    if not isinstance(d, dict):
+        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
+    _known_fields(d, known, src, f"{where}.", what)
+
+
+def _field_types(d: dict, src: str, prefix: str, types) -> None:
+    """Refuse a field of ``d`` named in ``types`` ((name, type), …) that is present with
+    another type (``prefix``: the path of ``d``, with the dot)."""
+    for key, typ in types:
+        if not isinstance(d.get(key, typ()), typ):
+            raise RoofcalError(f"{src}: field '{prefix}{key}' must be a {typ.__name__}")
+
+
 def op_from_dict(key: str, d: dict, src: str) -> dict:
     kind = key.split("/")[0]
     if kind not in K.OP_KINDS or key.count("/") != 1:
@@ -387,9 +402,7 @@ def step_from_dict(step, src: str, where: str = "step") -> dict:
 
 def stack_from_dict(d, src: str, name: str) -> Stack:
     where = f"stacks.{name}"
-    if not isinstance(d, dict):
-        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
-    _known_fields(d, STACK_FIELDS, src, f"{where}.", "stack")
+    _section(d, src, where, STACK_FIELDS, "stack")
     al = d.get("alphas_us", {n: 0.0 for n in ALPHAS})
     if not isinstance(al, dict) or set(al) != set(ALPHAS):
         raise RoofcalError(f"{src}: field '{where}.alphas_us' must give {', '.join(ALPHAS)}")
@@ -431,12 +444,8 @@ def kernel_set_to_dict(ks: KernelSet) -> dict:
 
 def kernel_set_from_dict(d, src: str, name: str) -> KernelSet:
     where = f"kernel_sets.{name}"
-    if not isinstance(d, dict):
-        raise RoofcalError(f"{src}: field '{where}' must be a mapping")
-    _known_fields(d, KERNEL_SET_FIELDS, src, f"{where}.", "kernel-set")
-    for key, typ in (("data", list), ("metrics", dict), ("borrowed", dict)):
-        if not isinstance(d.get(key, typ()), typ):
-            raise RoofcalError(f"{src}: field '{where}.{key}' must be a {typ.__name__}")
+    _section(d, src, where, KERNEL_SET_FIELDS, "kernel-set")
+    _field_types(d, src, f"{where}.", (("data", list), ("metrics", dict), ("borrowed", dict)))
     ops = ops_from_dict(d.get("ops"), src, f"{where}.ops")
     for key, other in d.get("borrowed", {}).items():
         if key not in ops or not isinstance(other, str):
@@ -658,9 +667,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
             or not isinstance(g.get("datasheet_sha256"), str):
         raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
     _known_fields(g, GPU_FIELDS, src, "gpu.", "gpu")
-    for key, typ in (("notes", list), ("data", list), ("fit", dict), ("metrics", dict)):
-        if not isinstance(doc.get(key, typ()), typ):
-            raise RoofcalError(f"{src}: field '{key}' must be a {typ.__name__}")
+    _field_types(doc, src, "", (("notes", list), ("data", list), ("fit", dict), ("metrics", dict)))
     if not isinstance(doc.get("calibrated", True), bool):
         raise RoofcalError(f"{src}: field 'calibrated' must be true or false")
     sets, kernels = kernel_sets_from_dict(doc, src)
