@@ -520,10 +520,13 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
     """Per run: the offered rate (its busiest stage), the rate its deployment sustains for the
     run's requests (:func:`roofcal.model.serving.saturation` of the busiest stage's load, KV
     blocks from the run's server description or ``roofcal capacity``), what limits it, and
-    whether the run is predicted to overload. For a run that overloaded, ``cadence_rate``: the
-    rate its measured cadence allows, the same running requests at the measured ITL instead of
-    the predicted cycle, D / ((output − 1) · ITL) in requests/s (a server at full load finishes
-    D requests every (output − 1) cycles); None for the others, whose ITL is not a full load's."""
+    whether the run is predicted to overload, and the predicted cycle there (``cycle_ms``). For a
+    run that overloaded, ``cadence_rate``: the rate its measured cadence allows, the same running
+    requests at the measured ITL instead of the predicted cycle, D / ((output − 1) · ITL) in
+    requests/s (a server at full load finishes D requests every (output − 1) cycles); ``step_rate``:
+    the same at the median gap between tokens (``step_ms``), a step without the stalls of
+    preempted requests that the mean ITL carries. None for the others, whose ITL is not a full
+    load's."""
     from roofcal.blis.run import model_config_folder
     from roofcal.physics.capacity import capacity
     from roofcal.physics.config import load_model
@@ -538,9 +541,15 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
         busiest = max(loads, key=lambda ld: ld.rate)
         s = serving.saturation(coeffs.params, spec, gpu, int(e.tp), busiest, kv)
         itl_us = e.truth["summary"].itl_ms * 1000.0
-        cadence = s.running / (max(busiest.output - 1.0, 1.0) * itl_us) * 1e6 \
-            if e.overload and itl_us > 0 else None
+        step_us = e.truth["summary"].token_gap_p50_ms * 1000.0
+        full_load = e.overload and itl_us > 0
+
+        def allows(cycle_us: float) -> float | None:
+            return s.running / (max(busiest.output - 1.0, 1.0) * cycle_us) * 1e6 \
+                if full_load and cycle_us > 0 else None
         rows.append({"experiment": e.name, "offered_rate": busiest.rate, "saturation_rate": s.rate,
                      "limit": s.limit, "running_at_limit": s.running, "predicted_overload": busiest.rate > s.rate,
-                     "measured_overload": e.overload, "cadence_rate": cadence})
+                     "measured_overload": e.overload, "cycle_ms": s.cycle_us / 1e3,
+                     "cadence_rate": allows(itl_us), "step_ms": step_us / 1e3 if full_load else None,
+                     "step_rate": allows(step_us)})
     return rows

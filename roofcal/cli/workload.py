@@ -193,16 +193,23 @@ def _print_saturation(a, exps, settings) -> None:
     rows = saturation_rows(c, exps, settings.model_configs, settings.seed)
     print("\nWhere each deployment saturates for its run's requests (steady state of the native model, "
           "busiest stage; roofcal workload saturation):\n")
-    cols = ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload",
-            "measured cadence allows req/s"]
+    cols = ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload", "cycle ms",
+            "measured step ms", "measured cadence allows req/s", "measured step allows req/s"]
+
+    def shown(v):
+        return "–" if v is None else v
     print(table([{"experiment": r["experiment"] + (" (overload)" if r["measured_overload"] else ""),
                   "offered req/s": r["offered_rate"], "sustains req/s": r["saturation_rate"],
                   "limit": r["limit"], "predicted overload": "yes" if r["predicted_overload"] else "no",
-                  "measured cadence allows req/s": "–" if r["cadence_rate"] is None else r["cadence_rate"]}
+                  "cycle ms": r["cycle_ms"], "measured step ms": shown(r["step_ms"]),
+                  "measured cadence allows req/s": shown(r["cadence_rate"]),
+                  "measured step allows req/s": shown(r["step_rate"])}
                  for r in rows], cols))
     if any(r["cadence_rate"] is not None for r in rows):
-        print("(measured cadence: an overloaded run's running requests at the measured ITL instead of the "
-              "predicted cycle; below 'sustains', the simulated server is faster at full load than the real one)")
+        print("(cycle: the predicted step at saturation. An overloaded run's running requests at its measured "
+              "ITL (cadence) or at its median gap between tokens (step, without the stalls of preempted "
+              "requests) instead of the predicted cycle; below 'sustains', the simulated server is faster at "
+              "full load than the real one)")
 
 
 def cmd_saturation(a) -> None:

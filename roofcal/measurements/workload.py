@@ -134,7 +134,9 @@ class Measured:
     ``itl_ms`` = (``e2e_ms`` − ``ttft_ms``) / (``generated`` − 1), with ``generated`` the tokens
     the server generated per request; NaN when that is ≤ 1 or nothing succeeded (then every
     latency is NaN). ``client_output_len``: the client's own count of output tokens (inference-perf
-    re-tokenises the streamed text); ``e2e_max_ms``: the longest successful request.
+    re-tokenises the streamed text); ``e2e_max_ms``: the longest successful request;
+    ``token_gap_p50_ms``: the median gap between two generated tokens (see :func:`token_gap_ms`),
+    a step of the server, where ``itl_ms`` also carries the stalls of preempted requests.
     """
 
     e2e_ms: float        # mean request latency, ms
@@ -146,6 +148,7 @@ class Measured:
     prompt_len: float = math.nan          # mean prompt tokens of the successful requests
     client_output_len: float = math.nan   # the client's mean output_len
     e2e_max_ms: float = math.nan
+    token_gap_p50_ms: float = math.nan    # median gap between generated tokens, ms
 
     @property
     def failure_rate(self) -> float:
@@ -408,6 +411,24 @@ _QUANTILES = (("min", 0.0), ("p0.1", 0.001), ("p1", 0.01), ("p5", 0.05), ("p10",
               ("p99.9", 0.999), ("max", 1.0))
 
 
+STREAM_EVENTS_PER_TOKEN = 2
+"""Stream events inference-perf timed per generated token (its ``inter_token_latency`` is per event):
+with ``ignore_eos`` a stream of n tokens carries 2n + 2 events (``../shared/workload/README.md``),
+and in every run the lower half of the event gaps is under 0.2 ms."""
+
+
+def token_gap_ms(inter_event: Mapping, q: float = 0.5) -> float:
+    """The q-quantile of the gaps between generated tokens (ms) from the client's quantiles of
+    the gaps between stream events (s). With e events per token, e − 1 of them arrive at once
+    with the token, so a token gap's q-quantile is the event gaps' 1 − (1 − q)/e quantile:
+    the median token gap is the events' p75. NaN when that quantile is not reported."""
+    want = 1.0 - (1.0 - q) / STREAM_EVENTS_PER_TOKEN
+    for key, quantile in _QUANTILES:
+        if abs(quantile - want) < 1e-9 and isinstance(inter_event.get(key), (int, float)):
+            return float(inter_event[key]) * 1e3
+    return math.nan
+
+
 def read_measured(path: str | Path, generated: float | None = None) -> Measured:
     """One inference-perf ``*_lifecycle_metrics.json`` (seconds) as a :class:`Measured` (ms).
     ``generated``: tokens the server generated per request (None: the client's ``output_len``)."""
@@ -431,9 +452,11 @@ def read_measured(path: str | Path, generated: float | None = None) -> Measured:
     itl = (e2e - ttft) / (gen - 1) * 1e3 if gen > 1 else math.nan
     prompt = succ.get("prompt_len")
     prompt_len = _number(prompt, "mean", path, "successes.prompt_len.") if prompt is not None else math.nan
+    events = lat.get("inter_token_latency")
+    gap = token_gap_ms(events) if isinstance(events, Mapping) else math.nan
     return Measured(e2e_ms=e2e * 1e3, ttft_ms=ttft * 1e3, itl_ms=itl, generated=gen,
                     n_success=n_success, n_failures=n_failures, prompt_len=prompt_len,
-                    client_output_len=out_len, e2e_max_ms=e2e_max * 1e3)
+                    client_output_len=out_len, e2e_max_ms=e2e_max * 1e3, token_gap_p50_ms=gap)
 
 
 def prompt_quantiles(path: Path) -> tuple[tuple[float, float], ...]:

@@ -21,6 +21,7 @@ from roofcal.measurements.workload import (
     inference_perf_requests,
     read_experiment,
     read_experiments,
+    token_gap_ms,
 )
 
 WORKLOAD = Path(__file__).resolve().parents[2].parent / "shared" / "workload"
@@ -129,6 +130,30 @@ def test_reasoning_run_is_overload_by_its_failure_rate():
     assert (s.n_success, s.n_failures) == (732, 4068)
     assert s.failure_rate == pytest.approx(4068 / 4800)
     assert e.overload and len(e.stages) == 1
+
+
+def test_token_gap_is_the_event_gaps_upper_quantile():
+    # two stream events per token: half the event gaps are ~0, so the median token gap is the
+    # events' p75 and the token gaps' p80 the events' p90 (seconds in, ms out)
+    events = {"median": 0.0001, "p75": 0.0271, "p90": 0.0278}
+    assert token_gap_ms(events) == pytest.approx(27.1)
+    assert token_gap_ms(events, q=0.8) == pytest.approx(27.8)
+    assert np.isnan(token_gap_ms({"median": 0.0001}))
+
+
+@needs_data
+def test_two_stream_events_per_token_in_every_run():
+    # the fact token_gap_ms rests on: in every run the lower half of the client's event gaps is
+    # under 0.2 ms while the upper quarter is a step (≥ 8 ms)
+    for d in sorted(RUNS.iterdir()):
+        ev = json.loads((d / "results" / "summary_lifecycle_metrics.json").read_text())
+        ev = ev["successes"]["latency"]["inter_token_latency"]
+        assert ev["median"] < 2e-4 and ev["p75"] > 8e-3, d.name
+    # the 7B reasoning run's median token gap is its events' p75, 27.15 ms; its mean ITL, 36.92 ms,
+    # also carries the stalls of preempted requests (its longest event gap is 39.9 s)
+    s = read_experiment(RUNS / REASONING_7B).truth["summary"]
+    assert s.token_gap_p50_ms == pytest.approx(27.151, abs=1e-3)
+    assert s.itl_ms == pytest.approx(36.92, abs=0.01)
 
 
 def test_measured_failure_rate_edges():

@@ -154,3 +154,10 @@ def test_overloaded_runs_are_predicted_to_saturate_below_their_offered_rate():
     r70 = by["20260218-065057-llama-2-70b-hf-tp4-reasoning"]
     assert r70["running_at_limit"] == 128 and r70["cadence_rate"] == pytest.approx(2.995, abs=0.002)
     assert all((r["cadence_rate"] is None) != r["measured_overload"] for r in rows)
+    # its median gap between tokens, 29.641 ms (the events' p75), allows 128 / (1,447 · 0.029641 s)
+    # = 2.984 requests/s: no stalls, the step itself is 11 % over the predicted cycle
+    assert r70["step_ms"] == pytest.approx(29.641, abs=1e-3) and r70["step_rate"] == pytest.approx(2.984, abs=0.002)
+    # the 7B's step is within 6 % of the predicted cycle; its mean ITL is not (preemption stalls)
+    r7 = by["20260217-170634-llama-2-7b-tp1-reasoning"]
+    assert abs(r7["step_ms"] / r7["cycle_ms"] - 1) < 0.07 and r7["cadence_rate"] < 0.75 * r7["step_rate"]
+    assert all((r["step_rate"] is None) != r["measured_overload"] for r in rows)
