@@ -77,12 +77,6 @@ def predicted(out: dict, what: str):
 #: 400 iterations, while the full degree still improves at 400 (moe/bf16: −1.7 % over its last 50)
 KERNEL_BLOCK = 50
 KERNEL_TOL = 1e-4
-#: The MoE surfaces (495 terms, 10,000 rows) are the least converged: given 1,200 iterations in
-#: their full-degree stage and 200 in each lower one (FitSettings.stage_iters), every H100 MoE
-#: table's held-out error fell by 0.1–0.5 points (vLLM 0.14 bf16 8.34 → 7.95 %, fp8 8.12 → 7.69 %)
-#: for ≈ 4 s more fit; 800 in every stage gave the same for 14 s, a degree-5 surface (1,287
-#: terms) the same for 43 s (docs/limits.md#fit-speed). The other kernels gain < 0.3 points from
-#: a longer last stage, so they keep 400 per stage.
 
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean
 #: held-out A100 error over 30–1000 rows among κ = 0.1, 0.3, 1, 3, 10 (roofcal.bench.transfer)
@@ -96,9 +90,6 @@ class FitSettings:
     seed: int = 0
     holdout: float = 0.2              # fraction of per-op rows / step configurations held out
     kernel_iters: int = 400           # L-BFGS iterations per degree stage (see fit_kernel)
-    # (kind, × kernel_iters for its lower-degree stages, × for its full-degree stage): the MoE
-    # surfaces are still improving at 400 iterations of their last stage (see KERNEL_BLOCK)
-    stage_iters: tuple = (("moe", 0.5, 3.0),)
     step_iters: int = 500
     lr: float = 0.05                  # Adam step size of stage 2
     degree: tuple = ()                # ((kind, degree), ...) overrides of OP_KINDS defaults
@@ -114,16 +105,10 @@ class FitSettings:
     def degree_of(self, kind: str) -> int:
         return dict(self.degree).get(kind, K.OP_KINDS[kind].degree)
 
-    def iters_of(self, kind: str, final: bool) -> int:
-        """L-BFGS iterations of one degree stage of ``kind`` (``final``: its full-degree stage)."""
-        scale = {k: (lo, hi) for k, lo, hi in self.stage_iters}.get(kind, (1.0, 1.0))[1 if final else 0]
-        return max(KERNEL_BLOCK, int(round(self.kernel_iters * scale)))
-
     def record(self) -> dict:
         d = asdict(self)
         d.pop("progress")
         d["degree"] = {k: self.degree_of(k) for k in K.OP_KINDS}
-        d["stage_iters"] = {k: [self.iters_of(k, False), self.iters_of(k, True)] for k, _, _ in self.stage_iters}
         d["loss"] = "mean squared log-ratio + Gaussian prior (kappa/N pseudo-rows)"
         d["optimizer"] = ("kernels: optax L-BFGS by continuation in surface degree; "
                           "steps: optax Adam, cosine-decayed step size")
@@ -307,8 +292,8 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
         mask = jnp.asarray(order <= deg, jnp.float32)
         data = (d.feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
-        iters = settings.iters_of(d.kind, final=deg == int(order.max()))
-        q, value = lbfgs(kernel_objective, p, data, iters, chunks=max(1, iters // KERNEL_BLOCK), tol=KERNEL_TOL)
+        q, value = lbfgs(kernel_objective, p, data, settings.kernel_iters,
+                         chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL)
         if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
             p, best = q, value
     return p
