@@ -541,7 +541,7 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
         busiest = max(loads, key=lambda ld: ld.rate)
         s = serving.saturation(coeffs.params, spec, gpu, int(e.tp), busiest, kv)
         itl_us = e.truth["summary"].itl_ms * 1000.0
-        step_us = e.truth["summary"].token_gap_p50_ms * 1000.0
+        step_us = e.truth["summary"].token_gap_p50_ms * 1000.0     # NaN when the client did not report it
         full_load = e.overload and itl_us > 0
 
         def allows(cycle_us: float) -> float | None:
@@ -550,6 +550,7 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
         rows.append({"experiment": e.name, "offered_rate": busiest.rate, "saturation_rate": s.rate,
                      "limit": s.limit, "running_at_limit": s.running, "predicted_overload": busiest.rate > s.rate,
                      "measured_overload": e.overload, "cycle_ms": s.cycle_us / 1e3,
-                     "cadence_rate": allows(itl_us), "step_ms": step_us / 1e3 if full_load else None,
+                     "cadence_rate": allows(itl_us),
+                     "step_ms": step_us / 1e3 if full_load and step_us > 0 else None,
                      "step_rate": allows(step_us)})
     return rows
