@@ -417,15 +417,16 @@ with ``ignore_eos`` a stream of n tokens carries 2n + 2 events (``../shared/work
 and in every run the lower half of the event gaps is under 0.2 ms."""
 
 
-def token_gap_ms(inter_event: Mapping, q: float = 0.5) -> float:
+def token_gap_ms(inter_event: Mapping, q: float = 0.5, path: str | Path = "", prefix: str = "") -> float:
     """The q-quantile of the gaps between generated tokens (ms) from the client's quantiles of
     the gaps between stream events (s). With e events per token, e − 1 of them arrive at once
     with the token, so a token gap's q-quantile is the event gaps' 1 − (1 − q)/e quantile:
-    the median token gap is the events' p75. NaN when that quantile is not reported."""
+    the median token gap is the events' p75. NaN when that quantile is not reported; a reported
+    one that is not a number is an error naming ``path`` and the field (``prefix`` + key)."""
     want = 1.0 - (1.0 - q) / STREAM_EVENTS_PER_TOKEN
     for key, quantile in _QUANTILES:
-        if abs(quantile - want) < 1e-9 and isinstance(inter_event.get(key), (int, float)):
-            return float(inter_event[key]) * 1e3
+        if abs(quantile - want) < 1e-9 and key in inter_event:
+            return _number(inter_event, key, path, prefix) * 1e3
     return math.nan
 
 
@@ -452,8 +453,8 @@ def read_measured(path: str | Path, generated: float | None = None) -> Measured:
     itl = (e2e - ttft) / (gen - 1) * 1e3 if gen > 1 else math.nan
     prompt = succ.get("prompt_len")
     prompt_len = _number(prompt, "mean", path, "successes.prompt_len.") if prompt is not None else math.nan
-    events = lat.get("inter_token_latency")
-    gap = token_gap_ms(events) if isinstance(events, Mapping) else math.nan
+    gap = token_gap_ms(_mapping(lat, "inter_token_latency", path, pre), path=path,
+                       prefix=pre + "inter_token_latency.") if "inter_token_latency" in lat else math.nan
     return Measured(e2e_ms=e2e * 1e3, ttft_ms=ttft * 1e3, itl_ms=itl, generated=gen,
                     n_success=n_success, n_failures=n_failures, prompt_len=prompt_len,
                     client_output_len=out_len, e2e_max_ms=e2e_max * 1e3, token_gap_p50_ms=gap)

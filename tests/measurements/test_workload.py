@@ -247,6 +247,20 @@ def test_bad_results_name_file_and_field(tmp_path):
 
 
 @needs_data
+def test_bad_inter_token_quantile_names_file_and_field(tmp_path):
+    exp = copy_experiment(CODEGEN_7B, tmp_path)
+    _edit_json(exp / "results" / "summary_lifecycle_metrics.json",
+               lambda d: d["successes"]["latency"]["inter_token_latency"].update(p75="fast"))
+    with pytest.raises(RoofcalError, match=r"summary_lifecycle_metrics\.json: field "
+                                           r"'successes\.latency\.inter_token_latency\.p75'"):
+        read_experiment(exp)
+    # without the quantiles the run still reads; it has no median token gap
+    _edit_json(exp / "results" / "summary_lifecycle_metrics.json",
+               lambda d: d["successes"]["latency"].pop("inter_token_latency"))
+    assert np.isnan(read_experiment(exp).truth["summary"].token_gap_p50_ms)
+
+
+@needs_data
 @pytest.mark.parametrize("missing", ["results/stage_1_lifecycle_metrics.json",
                                      "results/summary_lifecycle_metrics.json",
                                      "results/config.yaml", "exp-config.yaml"])
