@@ -68,7 +68,7 @@ OP_KINDS: dict[str, OpKind] = {k.name: k for k in [
            (3, 10, 0, 4, 2, 7), (3, 3, 4, 2, 2, 1), 3, "bf16"),
     OpKind("attn_decode", ("seqs", "context", "heads", "kv_heads", "head_dim"),
            (5, 10, 4, 2, 7), (3, 4, 2, 2, 1), 4, "bf16"),
-    OpKind("allreduce", ("num_gpus", "bytes", "above_8mib"), (2, 20, 0), (1, 6, 1), 3, "custom",
+    OpKind("allreduce", ("num_gpus", "bytes", "above_8mib", "two_stage"), (2, 20, 0, 0), (1, 6, 1, 1), 3, "custom",
            link=True),
     # MoE: a fused kernel streams the active experts' weights while it computes, so compute and
     # memory time overlap (q = 4 held): left free, q fits to ≈ 1 (serial) with the same held-out

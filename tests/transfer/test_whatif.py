@@ -153,8 +153,8 @@ def test_fixed_share_is_latencies_and_overheads_whatever_the_rule():
                          rule=rule) for rule in ("sm", "duration", None)}
     share = df["sm"]["fixed_share"].to_numpy()
     assert ((share > 0) & (share < 1)).all()
-    for rule, d in df.items():
-        np.testing.assert_allclose(d["fixed_share"], share, rtol=1e-6, err_msg=str(rule))
+    for rule, d in df.items():       # the same share, up to float32 rounding of the sums
+        np.testing.assert_allclose(d["fixed_share"], share, rtol=1e-5, err_msg=str(rule))
     # where the surfaces ignore a common scaling of the rates, Σ rate elasticities = −(1 − share);
     # rule 'duration' moves the surfaces with every rate, so there the sum is not the share
     rate_sum = lambda d: sum(d[f"d_{f}"] for f in W.FIELDS if f != "sm_count").to_numpy()

@@ -11,6 +11,20 @@ from .base import Work
 #: ``CustomAllreduce(max_size=8192 * 1024)``); larger ones go to NCCL. The measured latency jumps
 #: there (A100, 2 GPUs: 25 µs at 4 MiB, 90 µs at 8 MiB), so the regime is a shape descriptor.
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2 ** 20
+#: Below that, the custom all-reduce picks its kernel by size (vLLM ``csrc/custom_all_reduce.cuh``,
+#: full NVLink): one stage (each GPU reads every peer's buffer and reduces) on 2 GPUs, and on up to
+#: 4 GPUs below 512 KiB or up to 8 below 256 KiB; otherwise two stages (reduce-scatter, then
+#: all-gather), with a second synchronisation. The measured latency jumps there (H100, 8 GPUs:
+#: 7.7 µs at 128 KiB, 14.7 µs at 256 KiB; 4 GPUs: 7.1 µs at 256 KiB, 11.4 µs at 512 KiB).
+ONE_STAGE_MAX_BYTES = {4: 512 * 2 ** 10, 8: 256 * 2 ** 10}
+
+
+def two_stage(num_gpus, message_bytes):
+    """1.0 where vLLM's custom all-reduce runs its two-stage kernel, else 0.0 (see
+    :data:`ONE_STAGE_MAX_BYTES`; 2 GPUs always one stage, more than 8 treated as 8)."""
+    g = jnp.asarray(num_gpus, jnp.float32)
+    limit = jnp.where(g <= 4.0, ONE_STAGE_MAX_BYTES[4], ONE_STAGE_MAX_BYTES[8])
+    return ((g > 2.0) & (jnp.asarray(message_bytes) >= limit)).astype(jnp.float32)
 
 
 def allreduce(num_gpus, message_bytes) -> Work:
@@ -18,7 +32,8 @@ def allreduce(num_gpus, message_bytes) -> Work:
 
     Bytes = ring volume sent by each GPU over its link: 2·(g−1)/g·message (reduce-scatter then
     all-gather). FLOPs = (g−1)/g·message/2 additions (bf16 elements), negligible but counted.
-    Shape descriptors: (num_gpus, message_bytes, 1 if message ≥ 8 MiB else 0).
+    Shape descriptors: (num_gpus, message_bytes, 1 if message ≥ 8 MiB else 0, 1 where the custom
+    all-reduce runs two stages else 0: :func:`two_stage`).
     Zero work when ``num_gpus`` = 1.
 
     Example: 8 GPUs, 16 MiB: each GPU sends 2·7/8·16 MiB = 28 MiB.
@@ -26,4 +41,4 @@ def allreduce(num_gpus, message_bytes) -> Work:
     frac = (num_gpus - 1.0) / num_gpus
     large = (jnp.asarray(message_bytes) >= CUSTOM_ALLREDUCE_MAX_BYTES).astype(jnp.float32)
     return Work(frac * message_bytes / 2.0, 2.0 * frac * message_bytes,
-                (num_gpus, message_bytes, large))
+                (num_gpus, message_bytes, large, two_stage(num_gpus, message_bytes)))
