@@ -1,5 +1,7 @@
 """Hand-checked work of single kernels and whole layers."""
 
+from pathlib import Path
+
 import pytest
 
 from roofcal.physics import components as C
@@ -105,6 +107,31 @@ def test_allreduce_volume_and_single_gpu():
     assert float(w.bytes) == 2 * 7 / 8 * 16 * 2 ** 20
     assert float(C.allreduce(1.0, 1e6).bytes) == 0.0
     assert "allreduce" not in step_ops(load_model("llama-2-7b-hf"), 1, totals([Step(decode=(5,))]))
+
+
+def test_allreduce_two_stage_follows_vllms_custom_kernel_choice():
+    from roofcal.physics.components.comm import two_stage
+    kib = 2 ** 10
+    # one stage: 2 GPUs at any size, 4 GPUs below 512 KiB, 8 GPUs below 256 KiB
+    cases = [(2, 4096 * kib, 0), (4, 256 * kib, 0), (4, 512 * kib, 1), (8, 128 * kib, 0),
+             (8, 256 * kib, 1), (8, 1, 0)]
+    for g, b, want in cases:
+        assert float(two_stage(float(g), float(b))) == want, (g, b)
+    assert float(C.allreduce(8.0, 256 * kib).shape[3]) == 1.0
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2].parent / "shared").is_dir(),
+                    reason="../shared not beside the project")
+def test_measured_custom_allreduce_steps_where_the_kernel_switches():
+    # H100, vLLM 0.14: the latency jumps where two_stage turns on, and not on 2 GPUs
+    import pandas as pd
+    t = pd.read_parquet(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "microbench"
+                        / "h100_sxm" / "vllm-0.14.0" / "custom_allreduce_perf.parquet")
+    t = t[t.backend == "vllm_graph"]
+    lat = t.groupby(["num_gpus", "message_size"]).latency.mean()      # ms; size in bf16 elements
+    jump = lambda g, kib: lat[(g, kib * 1024)] / lat[(g, kib * 512)]   # 2·kib KiB against kib KiB
+    # 8 GPUs 14.7 / 7.7 µs, 4 GPUs 11.4 / 7.1 µs; 2 GPUs (always one stage) 6.3 / 5.1 µs
+    assert jump(8, 128) > 1.8 and jump(4, 256) > 1.5 and jump(2, 256) < 1.3
 
 
 def test_elementwise_docstring_example():
