@@ -20,8 +20,9 @@ ONE_STAGE_MAX_BYTES = {4: 512 * 2 ** 10, 8: 256 * 2 ** 10}
 
 
 def two_stage(num_gpus, message_bytes):
-    """1.0 where vLLM's custom all-reduce runs its two-stage kernel, else 0.0 (see
-    :data:`ONE_STAGE_MAX_BYTES`; 2 GPUs always one stage, more than 8 treated as 8)."""
+    """1.0 where vLLM's custom all-reduce runs its two-stage kernel for a message of
+    ``message_bytes`` bytes, else 0.0 (see :data:`ONE_STAGE_MAX_BYTES`; 2 GPUs always one stage,
+    more than 8 treated as 8). NCCL rows carry it too, as a size regime their surface may use."""
     g = jnp.asarray(num_gpus, jnp.float32)
     limit = jnp.where(g <= 4.0, ONE_STAGE_MAX_BYTES[4], ONE_STAGE_MAX_BYTES[8])
     return ((g > 2.0) & (jnp.asarray(message_bytes) >= limit)).astype(jnp.float32)
