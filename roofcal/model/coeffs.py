@@ -47,7 +47,9 @@ corrections and bands. A serving stack records the set it was calibrated with
 
 Loading validates everything and refuses files for another GPU or schema version. Older files
 read as one kernel set (named after their per-op data's folder, else ``unversioned``); a
-``roofcal-coeffs/1`` file's single ``step`` block reads as one stack named ``schema-1``.
+``roofcal-coeffs/1`` file's single ``step`` block reads as one stack named ``schema-1``; a kernel
+surface written before one of its descriptors existed reads with that descriptor pinned
+(:data:`ADDED_DESCRIPTORS`).
 """
 
 from __future__ import annotations
@@ -325,6 +327,39 @@ def _field_types(d: dict, src: str, prefix: str, types) -> None:
             raise RoofcalError(f"{src}: field '{prefix}{key}' must be a {typ.__name__}")
 
 
+#: shape descriptors added to a kernel kind after files were written, with the value every row of
+#: such a file had: a file without one reads with its range [value, value], so the new terms see
+#: a constant and drop out, and the file predicts as it did (``allreduce/two_stage``: files written
+#: before it fitted one smooth surface through vLLM's one- and two-stage custom all-reduce)
+ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}}
+
+
+def _with_added_descriptors(kind: str, d: dict, where: str) -> dict:
+    """``d`` (an op's fields) with the descriptors of :data:`ADDED_DESCRIPTORS` it predates filled
+    in: their range pinned and their terms at 0. Unchanged when the range names them all."""
+    added = ADDED_DESCRIPTORS.get(kind, {})
+    rng = d.get("range")
+    if not added or not isinstance(rng, dict) or not set(added) - set(rng):
+        return d
+    k = K.OP_KINDS[kind]
+    old = [n for n in k.descriptors if n in rng or n not in added]
+    if set(rng) != set(old):
+        return d                                            # not an older file: the checks say why
+    out = dict(d, range={n: rng[n] if n in rng else [added[n], added[n]] for n in k.descriptors})
+    for name in ("compute_efficiency", "memory_efficiency"):
+        terms = d.get(name)
+        if not isinstance(terms, dict):
+            continue
+        try:
+            deg = K.degree_of(len(old), len(terms))
+        except ValueError:
+            continue                                        # reported by the checks
+        new = K.term_names(kind, deg)
+        if [t for t in new if not any(a in t.replace("^", "*").split("*") for a in added)] == list(terms):
+            out[name] = {t: terms.get(t, 0.0) for t in new}    # else the checks name the terms wanted
+    return out
+
+
 def op_from_dict(key: str, d: dict, src: str) -> dict:
     kind = key.split("/")[0]
     if kind not in K.OP_KINDS or key.count("/") != 1:
@@ -334,6 +369,7 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         raise RoofcalError(f"{src}: field 'ops.{key}' must be a mapping")
     k = K.OP_KINDS[kind]
     where = f"{src}: field 'ops.{key}"
+    d = _with_added_descriptors(kind, d, where)
     for f_ in OP_FIELDS:
         if f_ not in d:
             raise RoofcalError(f"{where}.{f_}' is missing")

@@ -139,3 +139,29 @@ def test_an_older_file_reads_as_one_set_named_after_its_data(tmp_path):
     assert list(back.kernel_sets) == [OLD]                     # from data/microbench/.../vllm-0.14.0/
     assert back.kernel_set.metrics == c.kernel_set.metrics and back.kernel_set.data == c.kernel_set.data
     assert back.op_bands == c.op_bands
+
+
+def test_a_file_from_before_the_two_stage_flag_predicts_as_it_was_fitted(tmp_path):
+    # an all-reduce surface written without the two_stage descriptor reads with that descriptor
+    # pinned at 0 and its terms at 0: on one-stage rows it is the same surface as the file's own,
+    # on two-stage rows it no longer sees the flag
+    from roofcal.model.predict import predict_table
+    doc = yaml.safe_load(open("coeffs/a100_sxm.yaml"))
+    for op in doc["kernel_sets"][OLD]["ops"].values():
+        if "two_stage" in op["range"]:
+            del op["range"]["two_stage"]
+            for name in ("compute_efficiency", "memory_efficiency"):
+                op[name] = {t: v for t, v in op[name].items() if "two_stage" not in t}
+    p = tmp_path / "before.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    before, now = coeff_io.load(p), coeff_io.load("coeffs/a100_sxm.yaml")
+    ar = before.params["ops"]["allreduce/custom"]
+    assert float(ar["lo"][3]) == float(ar["hi"][3]) == 0.0
+    assert float(np.abs(np.asarray(ar["eff_c"])).min()) == 0.0
+    rows = pd.DataFrame({"op": "allreduce", "dtype": "custom", "gpu": "a100_sxm",
+                         "num_gpus": [2, 8, 8], "bytes": [2 ** 20, 2 ** 17, 2 ** 20], "latency_us": 1.0})
+    gpu = load_gpu("a100_sxm")
+    a = predict_table(rows, before.params, gpu).predicted_us.to_numpy()
+    b = predict_table(rows, now.params, gpu).predicted_us.to_numpy()
+    np.testing.assert_allclose(a[:2], b[:2], rtol=1e-6)          # one stage: 2 GPUs; 8 GPUs, 128 KiB
+    assert abs(a[2] / b[2] - 1) > 1e-3                            # two stages: 8 GPUs, 1 MiB
