@@ -334,7 +334,7 @@ def _field_types(d: dict, src: str, prefix: str, types) -> None:
 ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}}
 
 
-def _with_added_descriptors(kind: str, d: dict, where: str) -> dict:
+def _with_added_descriptors(kind: str, d: dict) -> dict:
     """``d`` (an op's fields) with the descriptors of :data:`ADDED_DESCRIPTORS` it predates filled
     in: their range pinned and their terms at 0. Unchanged when the range names them all."""
     added = ADDED_DESCRIPTORS.get(kind, {})
@@ -369,7 +369,7 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         raise RoofcalError(f"{src}: field 'ops.{key}' must be a mapping")
     k = K.OP_KINDS[kind]
     where = f"{src}: field 'ops.{key}"
-    d = _with_added_descriptors(kind, d, where)
+    d = _with_added_descriptors(kind, d)
     for f_ in OP_FIELDS:
         if f_ not in d:
             raise RoofcalError(f"{where}.{f_}' is missing")
