@@ -355,7 +355,8 @@ def _with_added_descriptors(kind: str, d: dict) -> dict:
         except ValueError:
             continue                                        # reported by the checks
         new = K.term_names(kind, deg)
-        if [t for t in new if not any(a in t.replace("^", "*").split("*") for a in added)] == list(terms):
+        without = (K.exponents(len(k.descriptors), deg)[:, [k.descriptors.index(a) for a in added]] == 0).all(1)
+        if [t for t, older in zip(new, without) if older] == list(terms):
             out[name] = {t: terms.get(t, 0.0) for t in new}    # else the checks name the terms wanted
     return out
 
