@@ -19,3 +19,8 @@ def where(path, field: str | None = None) -> str:
     """Format ``path`` (and optionally ``field``) for an error message: ``'cfg.json' field 'x'``."""
     loc = f"{path}"
     return f"{loc}: field '{field}'" if field else loc
+
+
+class RoofcalWarning(UserWarning):
+    """Input that is read but predicts differently than when it was written (an older file).
+    The CLI prints it as one line, ``roofcal: warning: <message>``."""

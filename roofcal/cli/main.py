@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
-from roofcal.errors import RoofcalError
+from roofcal.errors import RoofcalError, RoofcalWarning
 
 
 def enable_compilation_cache() -> None:
@@ -105,8 +106,18 @@ def check_outputs(args) -> None:
                 raise RoofcalError(f"{value}: the {what} would overwrite an input file")
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each: ``roofcal: warning: <message>`` (:class:`RoofcalWarning`), or
+    Python's own form for anything else."""
+    if issubclass(category, RoofcalWarning):
+        print(f"roofcal: warning: {message}", file=file or sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv=None) -> int:
     enable_compilation_cache()
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -64,7 +64,7 @@ import numpy as np
 from roofcal import __version__
 from roofcal.model import correction as K
 from roofcal.model import intervals as IV
-from roofcal.errors import RoofcalError
+from roofcal.errors import RoofcalError, RoofcalWarning
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.io import read_yaml, write_text_atomic, yaml_load, yaml_text
 
@@ -331,7 +331,30 @@ def _field_types(d: dict, src: str, prefix: str, types) -> None:
 #: such a file had: a file without one reads with its range [value, value], so the new terms see
 #: a constant and drop out, and the file predicts as it did (``allreduce/two_stage``: files written
 #: before it fitted one smooth surface through vLLM's one- and two-stage custom all-reduce)
-ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}}
+ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}, "gemm": {"partial_tile": 0.0}}
+#: kernels whose ideal work changed with a descriptor of :data:`ADDED_DESCRIPTORS`: a file written
+#: before it predicts them differently than it was fitted, so reading one warns
+#: (``gemm/fp8``: FLOPs count vLLM's CUTLASS FP8 tiles whole since ``partial_tile``, see
+#: :func:`roofcal.physics.components.gemm.cutlass_fp8_tiles`; the other variants are unchanged)
+WORK_CHANGED = {"gemm/fp8": ("partial_tile", "FP8 GEMMs counted whole CUTLASS tiles of work")}
+
+
+def _warn_changed_work(doc: dict, src: str) -> None:
+    """One :class:`RoofcalWarning` per kernel set whose surface for a :data:`WORK_CHANGED`
+    kernel predates its descriptor."""
+    import warnings
+    sets = doc.get("kernel_sets")
+    sets = sets if isinstance(sets, dict) else {"": {"ops": doc.get("ops")}}
+    for name, ks in sets.items():
+        ops = ks.get("ops") if isinstance(ks, dict) else None
+        for key, (desc, what) in WORK_CHANGED.items():
+            op = ops.get(key) if isinstance(ops, dict) else None
+            rng = op.get("range") if isinstance(op, dict) else None
+            if isinstance(rng, dict) and desc not in rng:
+                field_ = f"kernel_sets.{name}.ops.{key}" if name else f"ops.{key}"
+                warnings.warn(RoofcalWarning(
+                    f"{src}: field '{field_}' was fitted before {what}; its predictions of "
+                    f"that kernel are off until the file is refitted (roofcal fit)"), stacklevel=3)
 
 
 def _with_added_descriptors(kind: str, d: dict) -> dict:
@@ -708,6 +731,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     if not isinstance(doc.get("calibrated", True), bool):
         raise RoofcalError(f"{src}: field 'calibrated' must be true or false")
     sets, kernels = kernel_sets_from_dict(doc, src)
+    _warn_changed_work(doc, src)
     c = Coefficients(g["name"], g["datasheet_sha256"], {"step": K.neutral_step_params()},
                      default_kernels=kernels,
                      calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),

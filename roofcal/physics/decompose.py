@@ -83,7 +83,8 @@ def step_ops(model: ModelSpec, tp: int, t: StepTotals) -> dict[str, OpCall]:
     def linear(name: str, n, k, layers) -> OpCall:
         """A GEMM of ``tokens`` × k · k × n in the format of component ``name``."""
         variant, w_bytes, in_bytes = linear_format(model, name)
-        return OpCall("gemm", variant, C.gemm(tokens, n, k, in_bytes, w_bytes, ab), layers)
+        return OpCall("gemm", variant, C.gemm(tokens, n, k, in_bytes, w_bytes, ab, tiled=variant == "fp8"),
+                      layers)
 
     ops = {
         "qkv_proj": linear("qkv_proj", qkv_n, d, L),

@@ -37,7 +37,7 @@ def row_work(op: str, dtype: str, cols: dict) -> C.Work:
     f = {k: jnp.asarray(v, jnp.float32) for k, v in cols.items()}
     if op == "gemm":
         a = 2.0 if dtype == "bf16" else 1.0
-        return C.gemm(f["m"], f["n"], f["k"], a, BYTES[dtype], 2.0)
+        return C.gemm(f["m"], f["n"], f["k"], a, BYTES[dtype], 2.0, tiled=dtype == "fp8")
     if op == "attn_prefill":
         b, s, c = f["batch"], f["seq"], f["cached"]
         kv = BYTES[dtype]

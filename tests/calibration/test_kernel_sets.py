@@ -165,3 +165,35 @@ def test_a_file_from_before_the_two_stage_flag_predicts_as_it_was_fitted(tmp_pat
     b = predict_table(rows, now.params, gpu).predicted_us.to_numpy()
     np.testing.assert_allclose(a[:2], b[:2], rtol=1e-6)          # one stage: 2 GPUs; 8 GPUs, 128 KiB
     assert abs(a[2] / b[2] - 1) > 1e-3                            # two stages: 8 GPUs, 1 MiB
+
+
+def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_path):
+    # a GEMM surface written without partial_tile reads with it pinned at 0: bf16 (whose work did
+    # not change) predicts as the file's own; the FP8 GEMM's work now counts whole CUTLASS tiles,
+    # which its surface was not fitted to, so reading it warns, naming the field
+    from roofcal.errors import RoofcalWarning
+    from roofcal.model.predict import predict_table
+    doc = yaml.safe_load(open("coeffs/h100_sxm.yaml"))
+    for ks in doc["kernel_sets"].values():
+        for key, op in ks["ops"].items():
+            if key.startswith("gemm/"):
+                del op["range"]["partial_tile"]
+                for name in ("compute_efficiency", "memory_efficiency"):
+                    op[name] = {t: v for t, v in op[name].items() if "partial_tile" not in t}
+    p = tmp_path / "before.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.warns(RoofcalWarning) as said:
+        before = coeff_io.load(p)
+    assert [str(w.message).split(" was fitted")[0] for w in said] == \
+        [f"{p}: field 'kernel_sets.{s}.ops.gemm/fp8'" for s in (OLD, "vllm-0.24.0")]
+    now = coeff_io.load("coeffs/h100_sxm.yaml")
+    rows = pd.DataFrame({"op": "gemm", "dtype": "bf16", "gpu": "h100_sxm", "m": [1, 300, 4097],
+                         "n": 8192, "k": 8192, "latency_us": 1.0})
+    gpu = load_gpu("h100_sxm")
+    a = predict_table(rows, before.params, gpu).predicted_us.to_numpy()
+    b = predict_table(rows, now.params, gpu).predicted_us.to_numpy()
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coeff_io.load("coeffs/a100_sxm.yaml")                 # no FP8 GEMM: nothing to say

@@ -134,6 +134,38 @@ def test_measured_custom_allreduce_steps_where_the_kernel_switches():
     assert jump(8, 128) > 1.8 and jump(4, 256) > 1.5 and jump(2, 256) < 1.3
 
 
+def test_cutlass_fp8_gemm_counts_whole_tiles():
+    from roofcal.physics.components.gemm import cutlass_fp8_tiles
+    # m ≤ 16 → 16-row tile, (16, 64] → 64, (64, 128] → 128, beyond → blocks of 256;
+    # n in tiles of 64 where m ≤ 64 (operands swapped), else 128
+    cases = [(1, 12288, 16, 12288, 0), (17, 100, 64, 128, 0), (100, 1000, 128, 1024, 0),
+             (129, 8192, 256, 8192, 1), (256, 8192, 256, 8192, 0), (257, 8192, 512, 8192, 1),
+             (4097, 4096, 4352, 4096, 1)]
+    for m, n, mt, nt, part in cases:
+        assert [float(x) for x in cutlass_fp8_tiles(float(m), float(n))] == [mt, nt, part], m
+    w = C.gemm(257.0, 8192, 8192, 1.0, 1.0, 2.0, tiled=True)
+    assert float(w.flops) == 2 * 512 * 8192 * 8192 and float(w.shape[3]) == 1.0
+    # bytes stay the real ones: x 257·8192·1 + W 8192²·1 + y 257·8192·2
+    assert float(w.bytes) == 257 * 8192 + 8192 ** 2 + 257 * 8192 * 2
+    assert float(C.gemm(0.0, 8192, 8192, tiled=True).flops) == 0.0
+    plain = C.gemm(257.0, 8192, 8192)                               # cuBLAS: exact count
+    assert float(plain.flops) == 2 * 257 * 8192 * 8192 and plain.shape[3] == 0.0
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2].parent / "shared").is_dir(),
+                    reason="../shared not beside the project")
+def test_measured_fp8_gemm_steps_where_a_tile_block_starts():
+    # H100, vLLM 0.24 CUTLASS FP8, n = k = 8192: m = 257 computes a second 256-row block
+    import pandas as pd
+    t = pd.read_parquet(Path(__file__).resolve().parents[2].parent / "shared" / "data" / "microbench"
+                        / "h100_sxm" / "vllm-0.24.0" / "gemm_perf.parquet")
+    t = t[(t.gemm_dtype == "fp8") & (t.n == 8192) & (t.k == 8192)].groupby("m").latency.mean()
+    # 37.7 → 80.0 µs (256 → 257) and 57.5 → 112.7 µs (512 → 513); bf16 (cuBLAS) does not step
+    assert t[257] / t[256] > 1.8 and t[513] / t[512] > 1.8 and t[4097] / t[4096] > 1.1
+    # inside one block the time does not grow with m (129 … 256 rows cost one block)
+    assert t[256] <= t[129]
+
+
 def test_elementwise_docstring_example():
     w = C.elementwise(1.0, 4096, 11008, 4096, 4096)
     assert float(w.bytes) == (10 * 4096 + 3 * 11008 + 2 * (4096 + 4096)) * 2 == 180_736

@@ -122,7 +122,7 @@ def test_scout_ignored_projections_are_bf16_gemms(scout_ops):
     # per GPU: 20 heads, 4 KV heads of 128 → QKV n = 2560 + 512 + 512 = 3584, O k = 2560
     qkv, o = scout_ops["qkv_proj"], scout_ops["o_proj"]
     assert (qkv.kind, qkv.variant, o.variant) == ("gemm", "bf16", "bf16")
-    assert [f(x) for x in qkv.work.shape] == [64, 3584, 5120]
+    assert [f(x) for x in qkv.work.shape] == [64, 3584, 5120, 0]
     # bytes: x 64·5120·2 + W 5120·3584·2 + y 64·3584·2 = 655,360 + 36,700,160 + 458,752
     assert f(qkv.work.bytes) == 37_814_272
     # O: 64·2560·2 + 2560·5120·2 + 64·5120·2 = 327,680 + 26,214,400 + 655,360
@@ -149,6 +149,8 @@ def test_scout_shared_expert_reads_fp8_activations(scout_ops):
     assert f(up.work.bytes) == 327_680 + 41_943_040 + 1_048_576
     # down n = 5120, k = 4096: x 64·4096·1 + W 4096·5120·1 + y 64·5120·2
     assert f(down.work.bytes) == 262_144 + 20_971_520 + 655_360
+    # a CUTLASS FP8 GEMM: 64 tokens fill the 64-row tile exactly, n = 5120 whole 64-col tiles
+    assert f(down.work.flops) == 2 * 64 * 5120 * 4096 and f(down.work.shape[3]) == 0
 
 
 def test_scout_elementwise_has_no_quantisation_term(scout_ops):
@@ -165,7 +167,7 @@ def test_glm_block_fp8_quantises_every_gemm_input_but_the_router():
     assert ops["router"].variant == "bf16" and ops["qkv_proj"].variant == "fp8_block"
     # the GEMM reads 1-byte activations: QKV bytes at m = 1 = 6144·1 + W + n·2
     qkv = ops["qkv_proj"].work
-    n, k = (f(x) for x in qkv.shape[1:])
+    n, k = (f(x) for x in qkv.shape[1:3])
     assert f(qkv.bytes) == k * 1 + k * n * 1 + n * 2
 
 
@@ -177,7 +179,7 @@ def test_mixtral_router_split_keeps_total_flops():
     m = load_model("mixtral-8x7b-v0.1")
     ops = ops_of(m, 2, Step(decode=(10, 20, 30)))
     r, moe = ops["router"], ops["moe"]
-    assert (r.variant, r.count, [f(x) for x in r.work.shape]) == ("bf16", 32, [3, 8, 4096])
+    assert (r.variant, r.count, [f(x) for x in r.work.shape]) == ("bf16", 32, [3, 8, 4096, 0])
     # 3 tokens, top-2, balanced at TP 2: 6 pairs · 2·4096·7168·3 = 1,056,964,608 in the MoE call;
     # the router's 2·3·4096·8 = 196,608 FLOPs, which the MoE call used to count, are now its own
     assert f(moe.work.flops) == 6 * 2 * 4096 * 7168 * 3 == 1_056_964_608

@@ -70,8 +70,8 @@ def test_sm_rule_reads_the_reference_at_equal_waves():
     p_new, p_ref = c.params["ops"]["gemm/bf16"], REF.params["ops"]["gemm/bf16"]
     m, n, k = np.array([256.0, 512.0]), np.array([4096.0, 2048.0]), np.array([4096.0, 8192.0])
     r = 0.5 ** 0.5                       # SM_ref / SM_new = 1/2, split over m and n
-    e_new = K.efficiencies(p_new, "gemm", (m, n, k))
-    e_ref = K.efficiencies(p_ref, "gemm", (r * (1 + m) - 1, r * (1 + n) - 1, k))
+    e_new = K.efficiencies(p_new, "gemm", (m, n, k, 0.0 * m))
+    e_ref = K.efficiencies(p_ref, "gemm", (r * (1 + m) - 1, r * (1 + n) - 1, k, 0.0 * m))
     for a, b in zip(e_new, e_ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4)
 
@@ -222,8 +222,8 @@ def test_range_shifted_below_shape_zero_reads_the_reference_at_its_upper_bound(r
     np.testing.assert_allclose(from_file, whatif, rtol=1e-4)
     if rule == "sm":                   # eff_new(x) = eff_ref(x·2^Δ), Δ = log2(SM_ref/SM_new)/2
         r = (H100.sm_count / small.sm_count) ** 0.5
-        e_ref = K.efficiencies(p, "gemm", (r * (1 + m) - 1, r * (1 + n) - 1, kk))
-        for a, b in zip(K.efficiencies(boot, "gemm", (m, n, kk)), e_ref):
+        e_ref = K.efficiencies(p, "gemm", (r * (1 + m) - 1, r * (1 + n) - 1, kk, 0.0))
+        for a, b in zip(K.efficiencies(boot, "gemm", (m, n, kk, 0.0)), e_ref):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4)
 
 
