@@ -330,7 +330,8 @@ def _field_types(d: dict, src: str, prefix: str, types) -> None:
 #: shape descriptors added to a kernel kind after files were written, with the value every row of
 #: such a file had: a file without one reads with its range [value, value], so the new terms see
 #: a constant and drop out, and the file predicts as it did (``allreduce/two_stage``: files written
-#: before it fitted one smooth surface through vLLM's one- and two-stage custom all-reduce)
+#: before it fitted one smooth surface through vLLM's one- and two-stage custom all-reduce;
+#: ``gemm/partial_tile``: through both sides of the FP8 GEMM's 256-row block edges)
 ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}, "gemm": {"partial_tile": 0.0}}
 #: kernels whose ideal work changed with a descriptor of :data:`ADDED_DESCRIPTORS`: a file written
 #: before it predicts them differently than it was fitted, so reading one warns

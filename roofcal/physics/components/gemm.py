@@ -49,7 +49,8 @@ def gemm(m, n, k, act_bytes=2.0, weight_bytes=2.0, out_bytes=2.0, tiled=False) -
     ``tiled``: the GEMM is vLLM's CUTLASS FP8 kernel, whose tensor cores compute whole tiles:
     FLOPs count m and n rounded up to them, and the partial-tile descriptor is 1 where m > 128
     leaves its last block part-empty (:func:`cutlass_fp8_tiles`); otherwise (cuBLAS, which picks
-    its tiles per shape at run time) FLOPs are the exact count and the descriptor is 0.
+    its tiles per shape at run time) FLOPs are the exact count and the descriptor is 0. The tiles
+    are Hopper's (SM90) dispatch, applied to an FP8 GEMM on any GPU.
 
     Example: Llama-2-7B's QKV projection for 1 token is m=1, n=3·4096, k=4096:
     2·1·12288·4096 = 100,663,296 FLOPs and 4096·12288·2 = 100,663,296 weight bytes; as an FP8
