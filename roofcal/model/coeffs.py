@@ -331,13 +331,13 @@ def _field_types(d: dict, src: str, prefix: str, types) -> None:
 #: such a file had: a file without one reads with its range [value, value], so the new terms see
 #: a constant and drop out, and the file predicts as it did (``allreduce/two_stage``: files written
 #: before it fitted one smooth surface through vLLM's one- and two-stage custom all-reduce;
-#: ``gemm/partial_tile``: through both sides of the FP8 GEMM's 256-row block edges)
-ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}, "gemm": {"partial_tile": 0.0}}
+#: ``gemm/tile_config``: through all of the FP8 GEMM's CUTLASS configurations)
+ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}, "gemm": {"tile_config": 0.0}}
 #: kernels whose ideal work changed with a descriptor of :data:`ADDED_DESCRIPTORS`: a file written
 #: before it predicts them differently than it was fitted, so reading one warns
-#: (``gemm/fp8``: FLOPs count vLLM's CUTLASS FP8 tiles whole since ``partial_tile``, see
+#: (``gemm/fp8``: FLOPs count vLLM's CUTLASS FP8 tiles whole since ``tile_config``, see
 #: :func:`roofcal.physics.components.gemm.cutlass_fp8_tiles`; the other variants are unchanged)
-WORK_CHANGED = {"gemm/fp8": ("partial_tile", "FP8 GEMMs counted whole CUTLASS tiles of work")}
+WORK_CHANGED = {"gemm/fp8": ("tile_config", "FP8 GEMMs counted whole CUTLASS tiles of work")}
 
 
 def _warn_changed_work(doc: dict, src: str) -> None:

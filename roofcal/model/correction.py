@@ -63,7 +63,7 @@ class OpKind:
 
 
 OP_KINDS: dict[str, OpKind] = {k.name: k for k in [
-    OpKind("gemm", ("m", "n", "k", "partial_tile"), (7, 11, 11, 0), (4, 3, 3, 1), 4, "bf16"),
+    OpKind("gemm", ("m", "n", "k", "tile_config"), (7, 11, 11, 0), (4, 3, 3, 1), 4, "bf16"),
     OpKind("attn_prefill", ("seqs", "seq_len", "cached", "heads", "kv_heads", "head_dim"),
            (3, 10, 0, 4, 2, 7), (3, 3, 4, 2, 2, 1), 3, "bf16"),
     OpKind("attn_decode", ("seqs", "context", "heads", "kv_heads", "head_dim"),

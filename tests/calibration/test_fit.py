@@ -54,7 +54,7 @@ def planted_table(n=600, seed=1):
     shapes = read_ops("data/microbench/h100_sxm/vllm-0.14.0/gemm_perf.parquet")
     shapes = shapes[shapes.dtype == "bf16"].sample(n, random_state=seed).reset_index(drop=True)
     truth = K.neutral_op_params("gemm", 1)
-    # terms 1, m, n, k, partial_tile (0 on bf16 rows: its weight has no effect and stays 0)
+    # terms 1, m, n, k, tile_config (0 on bf16 rows: its weight has no effect and stays 0)
     truth["eff_c"] = jnp.asarray([K.logit(0.7), 0.6, 0.3, 0.4, 0.0], jnp.float32)
     truth["eff_m"] = jnp.asarray([K.logit(0.8), 0.1, 0.5, 0.4, 0.0], jnp.float32)
     truth["latency"] = jnp.asarray(math.log(2.5), jnp.float32)

@@ -168,7 +168,7 @@ def test_a_file_from_before_the_two_stage_flag_predicts_as_it_was_fitted(tmp_pat
 
 
 def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_path):
-    # a GEMM surface written without partial_tile reads with it pinned at 0: bf16 (whose work did
+    # a GEMM surface written without tile_config reads with it pinned at 0: bf16 (whose work did
     # not change) predicts as the file's own; the FP8 GEMM's work now counts whole CUTLASS tiles,
     # which its surface was not fitted to, so reading it warns, naming the field
     from roofcal.errors import RoofcalWarning
@@ -177,9 +177,9 @@ def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_
     for ks in doc["kernel_sets"].values():
         for key, op in ks["ops"].items():
             if key.startswith("gemm/"):
-                del op["range"]["partial_tile"]
+                del op["range"]["tile_config"]
                 for name in ("compute_efficiency", "memory_efficiency"):
-                    op[name] = {t: v for t, v in op[name].items() if "partial_tile" not in t}
+                    op[name] = {t: v for t, v in op[name].items() if "tile_config" not in t}
     p = tmp_path / "before.yaml"
     p.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.warns(RoofcalWarning) as said:

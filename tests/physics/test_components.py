@@ -136,13 +136,14 @@ def test_measured_custom_allreduce_steps_where_the_kernel_switches():
 
 def test_cutlass_fp8_gemm_counts_whole_tiles():
     from roofcal.physics.components.gemm import cutlass_fp8_tiles
-    # m ≤ 16 → 16-row tile, (16, 64] → 64, (64, 128] → 128, beyond → blocks of 256;
-    # n in tiles of 64 where m ≤ 64 (operands swapped), else 128
-    cases = [(1, 12288, 16, 12288, 0), (17, 100, 64, 128, 0), (100, 1000, 128, 1024, 0),
-             (129, 8192, 256, 8192, 1), (256, 8192, 256, 8192, 0), (257, 8192, 512, 8192, 1),
-             (4097, 4096, 4352, 4096, 1)]
-    for m, n, mt, nt, part in cases:
-        assert [float(x) for x in cutlass_fp8_tiles(float(m), float(n))] == [mt, nt, part], m
+    # m ≤ 16 → 16-row tile (configuration 4), (16, 64] → 64 (3), (64, 128] → 128 (2), beyond →
+    # blocks of 256 (0 where m fills its last one, 1 where not); n in tiles of 64 where m ≤ 64
+    # (operands swapped), else 128
+    cases = [(1, 12288, 16, 12288, 4), (16, 100, 16, 128, 4), (17, 100, 64, 128, 3),
+             (100, 1000, 128, 1024, 2), (128, 8192, 128, 8192, 2), (129, 8192, 256, 8192, 1),
+             (256, 8192, 256, 8192, 0), (257, 8192, 512, 8192, 1), (4097, 4096, 4352, 4096, 1)]
+    for m, n, mt, nt, config in cases:
+        assert [float(x) for x in cutlass_fp8_tiles(float(m), float(n))] == [mt, nt, config], m
     w = C.gemm(257.0, 8192, 8192, 1.0, 1.0, 2.0, tiled=True)
     assert float(w.flops) == 2 * 512 * 8192 * 8192 and float(w.shape[3]) == 1.0
     # bytes stay the real ones: x 257·8192·1 + W 8192²·1 + y 257·8192·2

@@ -149,8 +149,9 @@ def test_scout_shared_expert_reads_fp8_activations(scout_ops):
     assert f(up.work.bytes) == 327_680 + 41_943_040 + 1_048_576
     # down n = 5120, k = 4096: x 64·4096·1 + W 4096·5120·1 + y 64·5120·2
     assert f(down.work.bytes) == 262_144 + 20_971_520 + 655_360
-    # a CUTLASS FP8 GEMM: 64 tokens fill the 64-row tile exactly, n = 5120 whole 64-col tiles
-    assert f(down.work.flops) == 2 * 64 * 5120 * 4096 and f(down.work.shape[3]) == 0
+    # a CUTLASS FP8 GEMM: 64 tokens fill the 64-row tile of configuration 3 exactly, n = 5120
+    # whole 64-col tiles
+    assert f(down.work.flops) == 2 * 64 * 5120 * 4096 and f(down.work.shape[3]) == 3
 
 
 def test_scout_elementwise_has_no_quantisation_term(scout_ops):

@@ -16,6 +16,10 @@ from .base import Work
 CUTLASS_FP8_M_BLOCKS = ((16, 16), (64, 64), (128, 128), (float("inf"), 256))
 #: rows of the tile along n: 64 where the operands are swapped (m ≤ 64), else 128
 CUTLASS_FP8_N_BLOCK = ((64, 64), (float("inf"), 128))
+#: the tile-configuration descriptor of each m range (its configuration's efficiency is its own):
+#: 4 up to 16 tokens, 3 up to 64, 2 up to 128; beyond, 0 where m fills its last 256-row block and
+#: 1 where it leaves it part-empty (such a block costs more than its rows even counted whole)
+CUTLASS_FP8_CONFIG = ((16, 4.0), (64, 3.0), (128, 2.0))
 
 
 def _block(m, table):
@@ -27,29 +31,31 @@ def _block(m, table):
 
 
 def cutlass_fp8_tiles(m, n):
-    """(m, n rounded up to whole tiles of vLLM's CUTLASS FP8 GEMM, 1.0 where m > 128 does not
-    fill its last 256-row block else 0.0); see :data:`CUTLASS_FP8_M_BLOCKS`. Elements.
+    """(m, n rounded up to whole tiles of vLLM's CUTLASS FP8 GEMM, its tile configuration
+    :data:`CUTLASS_FP8_CONFIG`); see :data:`CUTLASS_FP8_M_BLOCKS`. m, n in elements.
 
-    Example: m = 257, n = 8192 → (512, 8192, 1); m = 100, n = 1000 → (128, 1024, 0).
+    Example: m = 257, n = 8192 → (512, 8192, 1); m = 100, n = 1000 → (128, 1024, 2).
     """
     m = jnp.asarray(m, jnp.float32)
     bm, bn = _block(m, CUTLASS_FP8_M_BLOCKS), _block(m, CUTLASS_FP8_N_BLOCK)
     m_tiled = jnp.ceil(m / bm) * bm
-    partial = ((m > 128.0) & (m_tiled != m)).astype(jnp.float32)
-    return m_tiled, jnp.ceil(jnp.asarray(n, jnp.float32) / bn) * bn, partial
+    config = (m_tiled != m).astype(jnp.float32)
+    for bound, code in reversed(CUTLASS_FP8_CONFIG):
+        config = jnp.where(m <= bound, code, config)
+    return m_tiled, jnp.ceil(jnp.asarray(n, jnp.float32) / bn) * bn, config
 
 
 def gemm(m, n, k, act_bytes=2.0, weight_bytes=2.0, out_bytes=2.0, tiled=False) -> Work:
     """Work of one GEMM.
 
     FLOPs = 2·m·n·k. Bytes = m·k·act_bytes (read x) + k·n·weight_bytes (read W)
-    + m·n·out_bytes (write y). Shape descriptors: (m, n, k, partial tile). No work at all when
-    m = 0 (the kernel is not launched, so its weights are not read).
+    + m·n·out_bytes (write y). Shape descriptors: (m, n, k, tile configuration). No work at all
+    when m = 0 (the kernel is not launched, so its weights are not read).
 
     ``tiled``: the GEMM is vLLM's CUTLASS FP8 kernel, whose tensor cores compute whole tiles:
-    FLOPs count m and n rounded up to them, and the partial-tile descriptor is 1 where m > 128
-    leaves its last block part-empty (:func:`cutlass_fp8_tiles`); otherwise (cuBLAS, which picks
-    its tiles per shape at run time) FLOPs are the exact count and the descriptor is 0. The tiles
+    FLOPs count m and n rounded up to them, and the tile-configuration descriptor says which of
+    its configurations runs (:func:`cutlass_fp8_tiles`); otherwise (cuBLAS, which picks its
+    tiles per shape at run time) FLOPs are the exact count and the descriptor is 0. The tiles
     are Hopper's (SM90) dispatch, applied to an FP8 GEMM on any GPU.
 
     Example: Llama-2-7B's QKV projection for 1 token is m=1, n=3·4096, k=4096:
@@ -58,6 +64,6 @@ def gemm(m, n, k, act_bytes=2.0, weight_bytes=2.0, out_bytes=2.0, tiled=False) -
     """
     nbytes = m * k * act_bytes + k * n * weight_bytes * (m > 0) + m * n * out_bytes
     if tiled:
-        mt, nt, partial = cutlass_fp8_tiles(m, n)
-        return Work(2.0 * mt * nt * k, nbytes, (m, n, k, partial))
+        mt, nt, config = cutlass_fp8_tiles(m, n)
+        return Work(2.0 * mt * nt * k, nbytes, (m, n, k, config))
     return Work(2.0 * m * n * k, nbytes, (m, n, k, 0.0))
