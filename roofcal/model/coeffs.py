@@ -335,27 +335,21 @@ def _field_types(d: dict, src: str, prefix: str, types) -> None:
 ADDED_DESCRIPTORS = {"allreduce": {"two_stage": 0.0}, "gemm": {"tile_config": 0.0}}
 #: kernels whose ideal work changed with a descriptor of :data:`ADDED_DESCRIPTORS`: a file written
 #: before it predicts them differently than it was fitted, so reading one warns
+#: (:func:`_warn_if_work_changed`, for each kernel set)
 #: (``gemm/fp8``: FLOPs count vLLM's CUTLASS FP8 tiles whole since ``tile_config``, see
 #: :func:`roofcal.physics.components.gemm.cutlass_fp8_tiles`; the other variants are unchanged)
 WORK_CHANGED = {"gemm/fp8": ("tile_config", "FP8 GEMMs counted whole CUTLASS tiles of work")}
 
 
-def _warn_changed_work(doc: dict, src: str) -> None:
-    """One :class:`RoofcalWarning` per kernel set whose surface for a :data:`WORK_CHANGED`
-    kernel predates its descriptor."""
-    import warnings
-    sets = doc.get("kernel_sets")
-    sets = sets if isinstance(sets, dict) else {"": {"ops": doc.get("ops")}}
-    for name, ks in sets.items():
-        ops = ks.get("ops") if isinstance(ks, dict) else None
-        for key, (desc, what) in WORK_CHANGED.items():
-            op = ops.get(key) if isinstance(ops, dict) else None
-            rng = op.get("range") if isinstance(op, dict) else None
-            if isinstance(rng, dict) and desc not in rng:
-                field_ = f"kernel_sets.{name}.ops.{key}" if name else f"ops.{key}"
-                warnings.warn(RoofcalWarning(
-                    f"{src}: field '{field_}' was fitted before {what}; its predictions of "
-                    f"that kernel are off until the file is refitted (roofcal fit)"), stacklevel=3)
+def _warn_if_work_changed(key: str, d: dict, src: str, field_: str) -> None:
+    """A :class:`RoofcalWarning` when ``d``, a valid op ``key`` of a file, is a
+    :data:`WORK_CHANGED` kernel whose surface predates its descriptor."""
+    changed = WORK_CHANGED.get(key)
+    if changed is not None and changed[0] not in d["range"]:
+        import warnings
+        warnings.warn(RoofcalWarning(
+            f"{src}: field '{field_}' was fitted before {changed[1]}; its predictions of "
+            f"that kernel are off until the file is refitted (roofcal fit)"), stacklevel=4)
 
 
 def _with_added_descriptors(kind: str, d: dict) -> dict:
@@ -489,6 +483,7 @@ def ops_from_dict(ops, src: str, where: str = "ops") -> dict:
             out[key] = op_from_dict(key, v, src)
         except RoofcalError as err:
             raise RoofcalError(str(err).replace("field 'ops.", f"field '{prefix}ops.", 1)) from None
+        _warn_if_work_changed(key, v, src, f"{where}.{key}")
     return out
 
 
@@ -732,7 +727,6 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     if not isinstance(doc.get("calibrated", True), bool):
         raise RoofcalError(f"{src}: field 'calibrated' must be true or false")
     sets, kernels = kernel_sets_from_dict(doc, src)
-    _warn_changed_work(doc, src)
     c = Coefficients(g["name"], g["datasheet_sha256"], {"step": K.neutral_step_params()},
                      default_kernels=kernels,
                      calibrated=doc.get("calibrated", True), notes=doc.get("notes", []),

@@ -19,11 +19,11 @@ CUTLASS_FP8_N_BLOCK = ((64, 64), (float("inf"), 128))
 #: the tile-configuration descriptor of each m range (its configuration's efficiency is its own):
 #: 4 up to 16 tokens, 3 up to 64, 2 up to 128; beyond, 0 where m fills its last 256-row block and
 #: 1 where it leaves it part-empty (such a block costs more than its rows even counted whole)
-CUTLASS_FP8_CONFIG = ((16, 4.0), (64, 3.0), (128, 2.0))
+CUTLASS_FP8_CONFIG = ((16, 4.0), (64, 3.0), (128, 2.0), (float("inf"), 0.0))
 
 
 def _block(m, table):
-    """Block size of the first entry of ``table`` whose bound m is at or below."""
+    """The value of the first entry of ``table`` (bound, value) whose bound m is at or below."""
     out = jnp.full(jnp.shape(m), float(table[-1][1]), jnp.float32)
     for bound, size in reversed(table[:-1]):
         out = jnp.where(m <= bound, float(size), out)
@@ -39,9 +39,8 @@ def cutlass_fp8_tiles(m, n):
     m = jnp.asarray(m, jnp.float32)
     bm, bn = _block(m, CUTLASS_FP8_M_BLOCKS), _block(m, CUTLASS_FP8_N_BLOCK)
     m_tiled = jnp.ceil(m / bm) * bm
-    config = (m_tiled != m).astype(jnp.float32)
-    for bound, code in reversed(CUTLASS_FP8_CONFIG):
-        config = jnp.where(m <= bound, code, config)
+    part_filled = (m > CUTLASS_FP8_CONFIG[-2][0]) & (m_tiled != m)
+    config = jnp.where(part_filled, 1.0, _block(m, CUTLASS_FP8_CONFIG))
     return m_tiled, jnp.ceil(jnp.asarray(n, jnp.float32) / bn) * bn, config
 
 
