@@ -96,6 +96,10 @@ def make_inputs(tmp: Path) -> None:
     _edit(COEFFS, tmp / "c_schema.yaml", "schema: roofcal-coeffs/3", "schema: roofcal-coeffs/99")
     first = re.search(r"\n {8}latency_us: [^\n]+\n", text).group(0)
     _edit(COEFFS, tmp / "c_nan.yaml", first, "\n        latency_us: .nan\n")
+    ratio = re.search(r"\n {12}log_ratio: [^\n]+\n", text).group(0)
+    _edit(COEFFS, tmp / "c_curve_text.yaml", ratio, "\n            log_ratio: 0.01 fast 0.02\n")
+    at = re.search(r"\n {12}at: [^\n]+\n", text).group(0)
+    _edit(COEFFS, tmp / "c_curve_order.yaml", at, "\n            at: 4 2 1\n")
     kernels = re.search(r"\nkernels: [^\n]+\n", text).group(0)
     _edit(COEFFS, tmp / "c_kernels.yaml", kernels, "\nkernels: vllm-9.9.9\n")
     # step files
@@ -199,6 +203,10 @@ CASES = [
       "--out", "o.csv"),
     C("predict-coeffs-nan-latency", "predict", "--steps", "steps.jsonl", *M7, "--coeffs", "c_nan.yaml",
       "--out", "o.csv"),
+    C("predict-coeffs-curve-not-a-number", "predict", "--steps", "steps.jsonl", *M7, "--coeffs",
+      "c_curve_text.yaml", "--out", "o.csv"),
+    C("predict-coeffs-curve-descending", "predict", "--steps", "steps.jsonl", *M7, "--coeffs",
+      "c_curve_order.yaml", "--out", "o.csv"),
     C("predict-tp-0", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm",
       "--tp", "0", "--out", "o.csv"),
     C("predict-tp-negative", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm",

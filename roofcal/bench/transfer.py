@@ -45,7 +45,8 @@ from roofcal.model import correction as K
 from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
-from roofcal.calibration.fit import FEW_SHOT_KAPPA, FitSettings, fit_kernels, kernel_data, split_rows
+from roofcal.calibration.fit import (FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels, kernel_data,
+                                     split_rows)
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
 from roofcal.metrics import mape
@@ -131,8 +132,11 @@ def refit(table_: pd.DataFrame, rows: dict, prior: Coefficients | None, gpu: GPU
     if not take:
         return prior_ops
     sub = table_.iloc[np.concatenate(take)].reset_index(drop=True)
-    data = kernel_data(sub, gpu, np.concatenate(held), settings)
-    return {**prior_ops, **fit_kernels(data, settings, prior=prior_ops, init=prior_ops or None)}
+    held = np.concatenate(held)
+    data = kernel_data(sub, gpu, held, settings)
+    fitted = fit_kernels(data, settings, prior=prior_ops, init=prior_ops or None)
+    add_curves(fitted, sub[~held].reset_index(drop=True), gpu)     # as roofcal fit does
+    return {**prior_ops, **fitted}
 
 
 def learning_curve(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,

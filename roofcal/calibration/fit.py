@@ -32,6 +32,7 @@ import pandas as pd
 from roofcal.calibration import STEP_TARGET_NAMES, conformal
 from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
+from roofcal.model import curves
 from roofcal.model import intervals as IV
 from roofcal.model.coeffs import (UNVERSIONED, Coefficients, KernelSet, Stack, add_stack,
                                   newest_kernel_set, roundtrip, with_kernels, with_stack)
@@ -299,6 +300,11 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     return p
 
 
+def surface_only(p: dict | None) -> dict | None:
+    """An op's raw parameters without its measured-shape curves (what the optimiser moves)."""
+    return None if p is None else {k: v for k, v in p.items() if k != "curves"}
+
+
 def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
                 init: dict | None = None) -> dict:
     """Stage 1: fit every kernel kind/variant in ``data``; returns {key: raw params}.
@@ -315,15 +321,30 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
     for k in keys:
         d = data[k]
         deg = settings.degree_of(d.kind)
-        c = (prior or {}).get(k) or default_prior(d.kind, deg, d)
+        c = surface_only((prior or {}).get(k)) or default_prior(d.kind, deg, d)
         c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
-        out[k] = fit_kernel(d, settings, c, (init or {}).get(k))
+        out[k] = fit_kernel(d, settings, c, surface_only((init or {}).get(k)))
         if bar is not None:
             bar.set_postfix_str(k)
             bar.update(1)
     if bar is not None:
         bar.close()
     return out
+
+
+def add_curves(ops: dict, train: pd.DataFrame, gpu: GPUSpec) -> None:
+    """Give each fitted kernel of a kind with a curve axis the curves of its measured shapes
+    (:mod:`roofcal.model.curves`): the log-ratio of its training rows ``train`` (every row not
+    held out, also those beyond the fit's row cap) to its fitted surface. In place."""
+    train = train[train["op"].isin(list(curves.AXES))].reset_index(drop=True)
+    if not len(train):
+        return
+    surface = predict_table(train, {"ops": ops, "step": K.neutral_step_params()}, gpu)["predicted_us"].values
+    for _, op, dt, idx in groups(train):
+        key = K.op_key(op, dt)
+        if op in curves.AXES and key in ops:
+            ops[key] = {**ops[key], "curves": curves.fit_curves(
+                op, train.iloc[idx], train["latency_us"].values[idx], surface[idx])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,11 +408,15 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
                  for (f, what), w in zip(terms, ws)], _gpu(d.gpu))
             for d, ws in zip(datasets, masks)]
     free_kernels = settings.finetune > 0
+    surfaces = {k: surface_only(p) for k, p in kernel_params.items()}
     k_strength = jax.tree_util.tree_map(lambda x: jnp.full(jnp.shape(x), settings.finetune / n),
-                                        kernel_params)
+                                        surfaces)
+
+    frozen = {k: p["curves"] for k, p in kernel_params.items() if "curves" in p}   # never move
+    attach = lambda ops: {k: {**p, **({"curves": frozen[k]} if k in frozen else {})} for k, p in ops.items()}
 
     def loss(x, data=None):
-        ops = x["ops"] if free_kernels else kernel_params
+        ops = attach(x["ops"]) if free_kernels else kernel_params
         ps = {"ops": ops, "step": x["step"]}
         total, count = 0.0, 0.0
         for d, ys, g in sets:
@@ -401,13 +426,13 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
                 count = count + jnp.sum(w)
         reg = prior_penalty(x["step"], center, strength)
         if free_kernels:
-            reg = reg + prior_penalty(x["ops"], kernel_params, k_strength)
+            reg = reg + prior_penalty(x["ops"], surfaces, k_strength)
         return total / count + reg
 
-    x = {"step": params["step"], **({"ops": kernel_params} if free_kernels else {})}
+    x = {"step": params["step"], **({"ops": surfaces} if free_kernels else {})}
     x, _ = minimize(loss, x, (), settings.step_iters, settings.lr, desc="steps",
                     progress=settings.progress)
-    return {"ops": x.get("ops", kernel_params), "step": x["step"]}
+    return {"ops": attach(x["ops"]) if free_kernels else kernel_params, "step": x["step"]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,6 +545,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
             f"per-op rows fitted in {len(data)} kernel kinds/variants")
         fits[unit] = fit_kernels(data, settings, prior=p0, init=p0)
+        train = table.iloc[np.flatnonzero(~test & (sets_of_rows == unit))].reset_index(drop=True)
+        add_curves(fits[unit], train, gpu)
     log("stage 1 (kernels) done")
 
     if set_rows:

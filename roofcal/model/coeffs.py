@@ -63,6 +63,7 @@ import numpy as np
 
 from roofcal import __version__
 from roofcal.model import correction as K
+from roofcal.model import curves
 from roofcal.model import intervals as IV
 from roofcal.errors import RoofcalError, RoofcalWarning
 from roofcal.physics.hardware import GPUSpec, load_gpu
@@ -227,6 +228,7 @@ def op_to_dict(key: str, p: dict) -> dict:
                   for j, d in enumerate(k.descriptors)},
         "compute_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
         "memory_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
+        **({"measured_shapes": curves.to_dict(kind, p["curves"])} if p.get("curves") else {}),
     }
 
 
@@ -286,6 +288,8 @@ def _finite(v, where: str, minimum: float | None = None) -> float:
 
 #: the fields of a kernel entry (``ops.<kind>/<variant>``)
 OP_FIELDS = ("latency_us", "sharpness", "range", "compute_efficiency", "memory_efficiency")
+#: fields an op may have: the curves of its measured shapes (:mod:`roofcal.model.curves`)
+OPTIONAL_OP_FIELDS = ("measured_shapes",)
 #: the top-level fields of a coefficient file per schema
 TOP_FIELDS = {
     "roofcal-coeffs/1": ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics",
@@ -392,7 +396,7 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
     for f_ in OP_FIELDS:
         if f_ not in d:
             raise RoofcalError(f"{where}.{f_}' is missing")
-    _known_fields(d, OP_FIELDS, src, f"ops.{key}.", "kernel")
+    _known_fields(d, OP_FIELDS + OPTIONAL_OP_FIELDS, src, f"ops.{key}.", "kernel")
     lat = _finite(d["latency_us"], f"{where}.latency_us'", 0.0)
     q = _finite(d["sharpness"], f"{where}.sharpness'", 1.0)
     rng = d["range"]
@@ -420,12 +424,15 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         if list(terms) != expected:
             raise RoofcalError(f"{where}.{name}' terms must be, in order: {', '.join(expected)}")
         ws.append([_finite(terms[t], f"{where}.{name}.{t}'") for t in expected])
-    return {
+    out = {
         "eff_c": jnp.asarray(ws[0], jnp.float32), "eff_m": jnp.asarray(ws[1], jnp.float32),
         "latency": jnp.asarray(math.log(max(lat, 1e-9)), jnp.float32),
         "sharpness": jnp.asarray(K.softplus_inv(max(q - 1.0, 1e-9)), jnp.float32),
         "lo": jnp.asarray(lo, jnp.float32), "hi": jnp.asarray(hi, jnp.float32),
     }
+    if "measured_shapes" in d:
+        out["curves"] = curves.from_dict(kind, d["measured_shapes"], f"{where}.measured_shapes")
+    return out
 
 
 def step_from_dict(step, src: str, where: str = "step") -> dict:

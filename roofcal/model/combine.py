@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from roofcal.model import correction as K
+from roofcal.model import curves
 from roofcal.physics.components import ideal_times
 from roofcal.physics.config import ModelSpec
 from roofcal.physics.decompose import step_ops
@@ -59,7 +60,8 @@ def kernel_times(params: dict, calls: dict, ideal: dict) -> dict:
     out = {}
     for name, call in calls.items():
         _, p = K.lookup(params["ops"], call.kind, call.variant)
-        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, *ideal[name])
+        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, *ideal[name]) \
+            * curves.factor(p.get("curves"), call.kind, call.work.shape)
     return out
 
 

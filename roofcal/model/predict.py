@@ -15,6 +15,7 @@ from roofcal.errors import RoofcalError
 from roofcal.measurements.ops import read_ops
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
+from roofcal.model import curves as measured_curves
 from roofcal.model import domain
 from roofcal.model import intervals
 from roofcal.model.combine import NON_COMPONENT, gpu_side, op_peak_and_bandwidth, step_breakdown
@@ -209,7 +210,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
                                f"coefficients are for '{gpu.name}'")
         tc, tm, z = row_times(gpu, op, dt, df, idx)
         _, p = K.lookup(params["ops"], op, dt)
-        t = _op_times(p, z, tc, tm)
+        t = _op_times({k: v for k, v in p.items() if k != "curves"}, z, tc, tm)
+        if p.get("curves"):                                # measured shapes (:mod:`.curves`)
+            t = t * measured_curves.row_factors(p["curves"], op, df.iloc[idx])
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)

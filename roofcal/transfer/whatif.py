@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from roofcal.model import correction as K
+from roofcal.model import curves
 from roofcal.transfer.bootstrap import DEFAULT_RULE, op_rates, shifted_range, shifts
 from roofcal.physics.components import ideal_times
 from roofcal.physics.config import ModelSpec
@@ -72,19 +73,20 @@ def op_time(p: dict, kind: str, work, new: tuple, ref: tuple, rule: str):
     fm = K.features(u + zm, -free, free, deg)
     fc = fm if rule != "duration" else K.features(u + zc, -free, free, deg)   # else zc = zm
     ec, em = jax.nn.sigmoid(fc @ p["eff_c"]), jax.nn.sigmoid(fm @ p["eff_m"])
-    return K._corrected(p, ec, em, tc, tm)
+    return K._corrected(p, ec, em, tc, tm) * curves.factor(p.get("curves"), kind, work.shape)
 
 
 def fixed_time(params: dict, calls: dict, kernels: dict, out: dict):
     """µs of each step that no rate moves, to first order: the overheads, and each kernel's
-    latencies as their share of the kernel's time before the step level, carried through its
+    latencies (times its measured-shape factor, :mod:`roofcal.model.curves`) as their share of
+    the kernel's time before the step level, carried through its
     step-level scale; with CPU–GPU overlap, the rate-bound GPU time R counts by how much the cycle
     time moves with it, ∂t/∂gpu = (gpu/t)^(q−1), so fixed = t − R·(gpu/t)^(q−1)."""
     fixed = out[OVERHEAD]
     for name, call in calls.items():
         _, p = K.lookup(params["ops"], call.kind, call.variant)
         k = kernels[name]
-        lat = call.count * jnp.exp(p["latency"])
+        lat = call.count * jnp.exp(p["latency"]) * curves.factor(p.get("curves"), call.kind, call.work.shape)
         fixed = fixed + jnp.where(k > 0, lat / jnp.maximum(k, 1e-30), 0.0) * out[name]
     if "overlap" not in params["step"]:
         return fixed

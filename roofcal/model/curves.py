@@ -1,0 +1,192 @@
+"""Measured-shape curves: what one smooth surface cannot know about each measured kernel shape.
+
+A kernel library tunes shapes one by one. vLLM's fused MoE reads a Triton configuration per expert
+count, width and GPU (``fused_moe/configs/E=…,N=…,device_name=….json``, or a default where none is
+shipped); its custom all-reduce switches kernels by size and GPU count. So a measured shape sits
+off the surface fitted across all shapes by 5–20 %, with a sign that changes from one shape to the
+next (Mixtral's expert shape: +33 % at TP 1, −12 % at TP 2, +12 % at TP 4 in vLLM 0.14's FP8
+table), which no polynomial in the shape descriptors follows. Along a shape's own token axis,
+though, the measurements are smooth: interpolating a held-out row between its measured
+neighbours is 3–5 % off where the surface is 6–9 % (docs/limits.md).
+
+So for the kinds in :data:`AXES` the fit keeps, for every measured **shape** (all descriptors but
+the axis: :data:`KEYS`), the log-ratio ``r = ln(measured / surface)`` of its training rows at each
+axis value. A call of exactly that shape is multiplied by ``exp(r(x))``, with ``r`` interpolated
+linearly in ``log2(1 + x)`` between the measured points and held at the end values beyond them;
+a call of any other shape gets factor 1 (the surface alone). The curves are data, not physics:
+they never move the surface. A datasheet transfer to another GPU carries them with the surface
+they are relative to (:mod:`roofcal.transfer.bootstrap`; measured on the zero-shot MoE tables
+they help a little: H100 → A100 21.0 → 20.0 %, A100 → H100 26.2 → 25.6 % mean error).
+
+A curve set is ``{shape key: (at, rs)}``: ``at`` the measured axis values, ascending, and ``rs``
+their log-ratios (float64 arrays); a shape key is the tuple of :data:`KEYS` values rounded by
+:func:`shape_key`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from roofcal.errors import RoofcalError
+from roofcal.model.correction import OP_KINDS
+
+#: kernel kind → the descriptor its curves run along
+AXES = {"moe": "tokens", "allreduce": "bytes"}
+#: kernel kind → the descriptors that name a measured shape (the others are the axis, or are
+#: derived from it: the all-reduce's size regimes)
+KEYS = {"moe": ("hidden", "inter", "topk", "experts", "tp", "ep", "skew"), "allreduce": ("num_gpus",)}
+
+
+def shape_key(values) -> tuple:
+    """A measured shape's key: its :data:`KEYS` values as floats rounded to 6 decimals (so a
+    step's ``4096`` and a table's ``4096.0`` meet)."""
+    return tuple(round(float(v), 6) for v in values)
+
+
+def _positions(kind: str) -> tuple[int, list[int]]:
+    names = OP_KINDS[kind].descriptors
+    return names.index(AXES[kind]), [names.index(n) for n in KEYS[kind]]
+
+
+def _keys_and_axis(kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
+    """(shape descriptors (rows × keys), axis values) of a per-op table's rows."""
+    n = len(rows)
+    keys = np.stack([np.asarray(rows[k], np.float64) if k in rows else np.zeros(n)
+                     for k in KEYS[kind]], 1)
+    return keys, np.asarray(rows[AXES[kind]], np.float64)
+
+
+def log_axis(x):
+    """The curves' interpolation coordinate, log2(1 + x)."""
+    return np.log2(1.0 + np.asarray(x, np.float64))
+
+
+def fit_curves(kind: str, rows, measured, surface) -> dict:
+    """Curves of one kernel kind/variant from its training rows.
+
+    ``rows``: a per-op table (DataFrame) with columns named as the descriptors (a missing
+    ``skew`` is 0); ``measured``, ``surface``: µs per row (the surface's prediction without
+    curves). Rows of one shape at the same axis value are averaged in log. Returns
+    ``{shape key: (at, rs)}`` (module docstring); {} for a kind without an axis.
+    """
+    if kind not in AXES:
+        return {}
+    y, s = np.asarray(measured, np.float64), np.asarray(surface, np.float64)
+    keys, x = _keys_and_axis(kind, rows)
+    ok = np.isfinite(y) & np.isfinite(s) & (y > 0) & (s > 0)
+    r = np.log(np.where(ok, y, 1.0) / np.where(ok, s, 1.0))
+    rows = np.flatnonzero(ok)
+    uniq, inv = np.unique(np.round(keys[rows], 6), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    out = {}
+    for i, key in enumerate(uniq):                    # shapes in ascending order
+        idx = rows[inv == i]
+        at, pos = np.unique(x[idx], return_inverse=True)
+        pos = pos.reshape(-1)
+        out[shape_key(key)] = (at, np.bincount(pos, weights=r[idx]) / np.bincount(pos))
+    return out
+
+
+def factor(curves: dict | None, kind: str, shape):
+    """Multiplier of a kernel call's corrected time from its shape's curve (1.0 without one).
+
+    ``shape``: the call's descriptor values (:class:`~roofcal.physics.components.Work` ``.shape``)
+    — the shape's own descriptors as Python numbers (as inside a model's step), the axis a number
+    or an array. A shape given as arrays (per-op tables) is looked up row by row with
+    :func:`row_factors` instead.
+    """
+    if not curves or kind not in AXES:
+        return 1.0
+    ax, pos = _positions(kind)
+    vals = [shape[j] for j in pos]
+    if not all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals):
+        return 1.0
+    curve = curves.get(shape_key(vals))
+    if curve is None:
+        return 1.0
+    at, rs = (jnp.asarray(a, jnp.float32) for a in curve)     # traced when inside a jitted step
+    x = jnp.log2(1.0 + jnp.asarray(shape[ax], jnp.float32))
+    return jnp.exp(jnp.interp(x, jnp.log2(1.0 + at), rs))
+
+
+def row_factors(curves: dict | None, kind: str, rows) -> np.ndarray:
+    """:func:`factor` of every row of a per-op table ``rows`` (a DataFrame whose columns are
+    named as the descriptors; a missing ``skew`` is 0)."""
+    out = np.ones(len(rows))
+    if not curves or kind not in AXES:
+        return out
+    keys, x = _keys_and_axis(kind, rows)
+    uniq, inv = np.unique(np.round(keys, 6), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    for i, key in enumerate(uniq):
+        curve = curves.get(shape_key(key))
+        if curve is not None:
+            sel = inv == i
+            out[sel] = np.exp(np.interp(log_axis(x[sel]), log_axis(curve[0]), np.asarray(curve[1], np.float64)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# in a coefficient file: an op's ``measured_shapes`` block
+
+#: decimals of a stored log-ratio (0.01 % of the time)
+RATIO_DECIMALS = 4
+
+
+def _text(values) -> str:
+    """Numbers as one space-separated line (integers without a decimal point): thousands of
+    curves parse as one string each instead of one YAML scalar per number (4× faster to load)."""
+    return " ".join(str(int(v)) if float(v).is_integer() and abs(v) < 2 ** 53 else repr(float(v))
+                    for v in values)
+
+
+def to_dict(kind: str, curves: dict) -> dict:
+    """An op's curves as its file block: the axis, the shape descriptors, and per measured shape
+    its ``shape`` values, the axis values ``at`` and the ``log_ratio`` ln(measured / surface),
+    each a line of space-separated numbers."""
+    return {"axis": AXES[kind], "shape": " ".join(KEYS[kind]), "curves": [
+        {"shape": _text(key), "at": _text(at),
+         "log_ratio": _text(round(float(r), RATIO_DECIMALS) + 0.0 for r in rs)}
+        for key, (at, rs) in sorted(curves.items())]}
+
+
+def _numbers(v, where: str, low: float = -math.inf) -> np.ndarray:
+    """A line of space-separated finite numbers (≥ ``low``), else a one-line error."""
+    try:
+        x = np.array(str(v).split(), np.float64) if isinstance(v, (str, int, float)) else None
+    except ValueError:
+        x = None
+    if x is None or not len(x) or not np.all(np.isfinite(x)) or np.any(x < low):
+        bound = "" if low == -math.inf else f" ≥ {low:g}"
+        raise RoofcalError(f"{where}' must be a line of finite numbers{bound}, got {str(v)[:40]!r}")
+    return x
+
+
+def from_dict(kind: str, d, where: str) -> dict:
+    """The curves of a file block (:func:`to_dict`); ``where``: ``<file>: field 'ops.<key>.measured_shapes``
+    (without the closing quote), for one-line errors."""
+    if kind not in AXES:
+        raise RoofcalError(f"{where}' is only for {', '.join(AXES)} kernels")
+    if not isinstance(d, dict) or set(d) != {"axis", "shape", "curves"}:
+        raise RoofcalError(f"{where}' must be a mapping of axis, shape and curves")
+    if d["axis"] != AXES[kind] or d["shape"] != " ".join(KEYS[kind]):
+        raise RoofcalError(f"{where}' must have axis {AXES[kind]} and shape '{' '.join(KEYS[kind])}'")
+    if not isinstance(d["curves"], list):
+        raise RoofcalError(f"{where}.curves' must be a list")
+    out = {}
+    for i, c in enumerate(d["curves"]):
+        at_ = f"{where}.curves[{i}]"
+        if not isinstance(c, dict) or set(c) != {"shape", "at", "log_ratio"}:
+            raise RoofcalError(f"{at_}' must be a mapping of shape, at and log_ratio")
+        key = _numbers(c["shape"], f"{at_}.shape", 0.0)
+        at = _numbers(c["at"], f"{at_}.at", 0.0)
+        rs = _numbers(c["log_ratio"], f"{at_}.log_ratio")
+        if len(key) != len(KEYS[kind]):
+            raise RoofcalError(f"{at_}.shape' must give {len(KEYS[kind])} values ({', '.join(KEYS[kind])})")
+        if len(rs) != len(at) or np.any(np.diff(at) <= 0):
+            raise RoofcalError(f"{at_}' must give ascending 'at' values and one log_ratio for each")
+        out[shape_key(key)] = (at, rs)
+    return out

@@ -1,0 +1,108 @@
+"""Measured-shape curves: hand-checked interpolation, the file block, and the shipped file on the
+measured vLLM 0.14 MoE table (Mixtral's expert shape at TP 2)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from roofcal.errors import RoofcalError
+from roofcal.measurements import datasets
+from roofcal.model import coeffs as CI
+from roofcal.model import correction as K
+from roofcal.model import curves
+from roofcal.model.predict import predict, predict_table
+from roofcal.physics.hardware import load_gpu
+from roofcal.physics.steps import Step
+
+MIXTRAL = (4096.0, 14336.0, 2.0, 8.0, 2.0, 1.0, 0.0)      # hidden, inter, topk, experts, tp, ep, skew
+
+
+def test_fit_curves_is_the_mean_log_ratio_per_shape_and_axis_value():
+    rows = pd.DataFrame({"tokens": [4, 1, 4, 1, 2], "hidden": [4096, 4096, 4096, 2048, 2048],
+                         "inter": 14336, "topk": 2, "experts": 8, "tp": 2, "ep": 1})
+    measured = np.array([110.0, 50.0, 121.0, 30.0, 40.0])
+    surface = np.array([100.0, 50.0, 100.0, 20.0, 40.0])
+    c = curves.fit_curves("moe", rows, measured, surface)
+    assert list(c) == [(2048.0, 14336.0, 2.0, 8.0, 2.0, 1.0, 0.0), MIXTRAL]      # skew absent: 0
+    at, rs = c[MIXTRAL]
+    np.testing.assert_array_equal(at, [1.0, 4.0])
+    # two rows at 4 tokens: ln 1.1 and ln 1.21 average to ln 1.1·√1.1 = 1.5·ln 1.1
+    np.testing.assert_allclose(rs, [0.0, 1.5 * math.log(1.1)], rtol=1e-12)
+    np.testing.assert_allclose(c[(2048.0, 14336.0, 2.0, 8.0, 2.0, 1.0, 0.0)][1], [math.log(1.5), 0.0])
+    assert curves.fit_curves("gemm", rows, measured, surface) == {}
+
+
+def test_factor_interpolates_in_log2_of_one_plus_the_axis_and_holds_the_ends():
+    c = {MIXTRAL: (np.array([1.0, 3.0]), np.array([0.0, math.log(1.2)]))}   # log2(1+x): 1 and 2
+    f = lambda x: float(curves.factor(c, "moe", (x,) + MIXTRAL))
+    assert f(1.0) == pytest.approx(1.0)
+    assert f(2 ** 1.5 - 1) == pytest.approx(math.sqrt(1.2), rel=1e-6)          # halfway: √1.2
+    assert f(0.0) == pytest.approx(1.0) and f(1000.0) == pytest.approx(1.2)   # held at the ends
+    other = (8.0,) + MIXTRAL[:4] + (4.0,) + MIXTRAL[5:]                         # TP 4: not measured
+    assert curves.factor(c, "moe", other) == 1.0
+    assert curves.factor(c, "gemm", (8.0, 4096.0, 4096.0, 0.0)) == 1.0
+    arrays = (np.array([2.0]), np.array([4096.0])) + MIXTRAL[1:]                # a per-op table's
+    assert curves.factor(c, "moe", arrays) == 1.0                               # rows: row_factors
+    rows = pd.DataFrame({"tokens": [2 ** 1.5 - 1, 5.0], "hidden": [4096, 2048], "inter": 14336,
+                         "topk": 2, "experts": 8, "tp": 2, "ep": 1, "skew": 0.0})
+    np.testing.assert_allclose(curves.row_factors(c, "moe", rows), [math.sqrt(1.2), 1.0], rtol=1e-9)
+
+
+def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
+    c = {MIXTRAL: (np.array([1.0, 2.0, 2 ** 30]), np.array([0.012345, -0.5, -0.00001]))}
+    d = yaml.safe_load(yaml.safe_dump(curves.to_dict("moe", c)))
+    assert d["curves"][0] == {"shape": "4096 14336 2 8 2 1 0", "at": "1 2 1073741824",
+                              "log_ratio": "0.0123 -0.5 0"}
+    back = curves.from_dict("moe", d, "f.yaml: field 'ops.moe/bf16.measured_shapes")
+    np.testing.assert_array_equal(back[MIXTRAL][0], [1.0, 2.0, 2 ** 30])
+    np.testing.assert_array_equal(back[MIXTRAL][1], [0.0123, -0.5, 0.0])
+    where = "f.yaml: field 'ops.moe/bf16.measured_shapes"
+    bad = [({**d, "axis": "bytes"}, "must have axis tokens"),
+           ({**d, "curves": [{**d["curves"][0], "at": "1 x 3"}]}, "curves[0].at' must be a line of finite numbers"),
+           ({**d, "curves": [{**d["curves"][0], "at": "3 2 1"}]}, "ascending"),
+           ({**d, "curves": [{**d["curves"][0], "shape": "4096 14336"}]}, "must give 7 values")]
+    for block, msg in bad:
+        with pytest.raises(RoofcalError, match="measured_shapes") as e:
+            curves.from_dict("moe", block, where)
+        assert msg in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(RoofcalError, match="only for moe, allreduce kernels"):
+        curves.from_dict("gemm", d, "f.yaml: field 'ops.gemm/bf16.measured_shapes")
+
+
+@pytest.fixture(scope="module")
+def mixtral_rows():
+    """vLLM 0.14's bf16 MoE rows of Mixtral's expert shape at TP 2, balanced routing."""
+    m = datasets.load(datasets.bundled_paths("h100_sxm"), gpu="h100_sxm")
+    t = m.ops
+    sel = (t.op == "moe") & (t.dtype == "bf16") & (t.kernels == "vllm-0.14.0") & (t.hidden == 4096) \
+        & (t.inter == 14336) & (t.tp == 2) & (t.ep == 1) & (t["skew"] == 0)
+    return t[sel].reset_index(drop=True)
+
+
+def test_shipped_file_reproduces_a_measured_shape_and_steps_use_it(mixtral_rows):
+    gpu = load_gpu("h100_sxm")
+    c = CI.with_kernels(CI.load("coeffs/h100_sxm.yaml", gpu), "vllm-0.14.0")
+    p = c.params["ops"]["moe/bf16"]
+    assert MIXTRAL in p["curves"]
+    at, rs = p["curves"][MIXTRAL]
+    rows = mixtral_rows[mixtral_rows.tokens.isin(at)]
+    assert len(rows) >= 20                       # the table's token grid, less the held-out rows
+    pred = predict_table(rows, c.params, gpu)
+    # every measured point of the shape is reproduced to the file's precision (1e-4 in log)
+    np.testing.assert_allclose(pred.predicted_us, rows.latency_us, rtol=2e-4)
+    surface = predict_table(rows, {**c.params, "ops": {"moe/bf16": curves_free(p)}}, gpu)
+    assert np.abs(surface.predicted_us / rows.latency_us - 1).max() > 0.05   # the surface alone is not
+    # a decode step of Mixtral at TP 2 charges each of its 32 MoE layers the measured kernel at
+    # its token count (a measured point of the curve: 96 or more tokens, a loaded server's decode)
+    n = int(min(x for x in at if x >= 96))
+    measured = float(rows.latency_us[rows.tokens == n].iloc[0])
+    step = predict([Step(decode=(1024,) * n)], model="mistralai/Mixtral-8x7B-v0.1", gpu="h100_sxm",
+                   tp=2, coeffs=c, stack="none", kernels="vllm-0.14.0")  # kernels as in isolation
+    assert float(step.moe_us.iloc[0]) == pytest.approx(32 * measured, rel=2e-4)
+
+
+def curves_free(p):
+    return {k: v for k, v in p.items() if k != "curves"}
