@@ -86,7 +86,7 @@ def surface_alone(result, m) -> dict:
         ks = result.coeffs.kernel_sets.get(name)
         if ks is None:
             continue
-        sel = np.flatnonzero(rows & result.test & table["op"].isin(list(curves.AXES)).to_numpy())
+        sel = np.flatnonzero(rows & result.kernel_test & table["op"].isin(list(curves.AXES)).to_numpy())
         if not len(sel):
             continue
         sub = table.iloc[sel].reset_index(drop=True)

@@ -332,19 +332,22 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
     return out
 
 
-def add_curves(ops: dict, train: pd.DataFrame, gpu: GPUSpec) -> None:
+def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec) -> None:
     """Give each fitted kernel of a kind with a curve axis the curves of its measured shapes
-    (:mod:`roofcal.model.curves`): the log-ratio of its training rows ``train`` (every row not
-    held out, also those beyond the fit's row cap) to its fitted surface. In place."""
-    train = train[train["op"].isin(list(curves.AXES))].reset_index(drop=True)
-    if not len(train):
+    (:mod:`roofcal.model.curves`): the log-ratio of its training rows (``rows`` where ``train``;
+    every row not held out, also those beyond the fit's row cap) to its fitted surface. In place.
+    The surface predicts all ``rows`` of those kinds, the table sizes the metrics predict later,
+    so both share their compiled programs."""
+    keep = rows["op"].isin(list(curves.AXES)).to_numpy()
+    rows, train = rows[keep].reset_index(drop=True), np.asarray(train)[keep]
+    if not len(rows):
         return
-    surface = predict_table(train, {"ops": ops, "step": K.neutral_step_params()}, gpu)["predicted_us"].values
-    for _, op, dt, idx in groups(train):
-        key = K.op_key(op, dt)
-        if op in curves.AXES and key in ops:
+    surface = predict_table(rows, {"ops": ops, "step": K.neutral_step_params()}, gpu)["predicted_us"].values
+    for _, op, dt, idx in groups(rows):
+        key, idx = K.op_key(op, dt), idx[train[idx]]
+        if key in ops and len(idx):
             ops[key] = {**ops[key], "curves": curves.fit_curves(
-                op, train.iloc[idx], train["latency_us"].values[idx], surface[idx])}
+                op, rows.iloc[idx], rows["latency_us"].values[idx], surface[idx])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,8 +548,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
             f"per-op rows fitted in {len(data)} kernel kinds/variants")
         fits[unit] = fit_kernels(data, settings, prior=p0, init=p0)
-        train = table.iloc[np.flatnonzero(~test & (sets_of_rows == unit))].reset_index(drop=True)
-        add_curves(fits[unit], train, gpu)
+        mine = np.flatnonzero(sets_of_rows == unit)
+        add_curves(fits[unit], table.iloc[mine].reset_index(drop=True), ~test[mine], gpu)
     log("stage 1 (kernels) done")
 
     if set_rows:

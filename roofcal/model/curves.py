@@ -18,15 +18,19 @@ they never move the surface. A datasheet transfer to another GPU carries them wi
 they are relative to (:mod:`roofcal.transfer.bootstrap`; measured on the zero-shot MoE tables
 they help a little: H100 → A100 21.0 → 20.0 %, A100 → H100 26.2 → 25.6 % mean error).
 
-A curve set is ``{shape key: (at, rs)}``: ``at`` the measured axis values, ascending, and ``rs``
-their log-ratios (float64 arrays); a shape key is the tuple of :data:`KEYS` values rounded by
-:func:`shape_key`.
+A curve set is a :class:`Curves`, ``{shape key: (at, rs)}``: ``at`` the measured axis values,
+ascending, and ``rs`` their log-ratios (float64 arrays); a shape key is the tuple of :data:`KEYS`
+values rounded by :func:`shape_key`. Inside jitted code it is a constant, not a traced input
+(thousands of small arrays would cost every call more than the step itself).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,6 +42,39 @@ AXES = {"moe": "tokens", "allreduce": "bytes"}
 #: kernel kind → the descriptors that name a measured shape (the others are the axis, or are
 #: derived from it: the all-reduce's size regimes)
 KEYS = {"moe": ("hidden", "inter", "topk", "experts", "tp", "ep", "skew"), "allreduce": ("num_gpus",)}
+
+
+class Curves(Mapping):
+    """The curves of one kernel kind/variant, read-only: {shape key: (at, rs)} in key order.
+
+    A static pytree node (no leaves): jitted functions take it as part of their program, compared
+    by content (a digest of keys and values), so equal curves share one compiled program."""
+
+    def __init__(self, curves: dict):
+        self._c = {k: (np.asarray(a, np.float64), np.asarray(r, np.float64))
+                   for k, (a, r) in sorted(curves.items())}
+        h = hashlib.sha256()
+        for k, (a, r) in self._c.items():
+            h.update(repr(k).encode() + a.tobytes() + r.tobytes())
+        self._digest = h.hexdigest()
+
+    def __getitem__(self, key):
+        return self._c[key]
+
+    def __iter__(self):
+        return iter(self._c)
+
+    def __len__(self):
+        return len(self._c)
+
+    def __hash__(self):
+        return hash(self._digest)
+
+    def __eq__(self, other):
+        return isinstance(other, Curves) and other._digest == self._digest
+
+
+jax.tree_util.register_pytree_node(Curves, lambda c: ((), c), lambda c, _: c)
 
 
 def shape_key(values) -> tuple:
@@ -64,16 +101,16 @@ def log_axis(x):
     return np.log2(1.0 + np.asarray(x, np.float64))
 
 
-def fit_curves(kind: str, rows, measured, surface) -> dict:
+def fit_curves(kind: str, rows, measured, surface) -> Curves:
     """Curves of one kernel kind/variant from its training rows.
 
     ``rows``: a per-op table (DataFrame) with columns named as the descriptors (a missing
     ``skew`` is 0); ``measured``, ``surface``: µs per row (the surface's prediction without
     curves). Rows of one shape at the same axis value are averaged in log. Returns
-    ``{shape key: (at, rs)}`` (module docstring); {} for a kind without an axis.
+    a :class:`Curves` (module docstring), empty for a kind without an axis.
     """
     if kind not in AXES:
-        return {}
+        return Curves({})
     y, s = np.asarray(measured, np.float64), np.asarray(surface, np.float64)
     keys, x = _keys_and_axis(kind, rows)
     ok = np.isfinite(y) & np.isfinite(s) & (y > 0) & (s > 0)
@@ -87,7 +124,7 @@ def fit_curves(kind: str, rows, measured, surface) -> dict:
         at, pos = np.unique(x[idx], return_inverse=True)
         pos = pos.reshape(-1)
         out[shape_key(key)] = (at, np.bincount(pos, weights=r[idx]) / np.bincount(pos))
-    return out
+    return Curves(out)
 
 
 def factor(curves: dict | None, kind: str, shape):
@@ -107,9 +144,9 @@ def factor(curves: dict | None, kind: str, shape):
     curve = curves.get(shape_key(vals))
     if curve is None:
         return 1.0
-    at, rs = (jnp.asarray(a, jnp.float32) for a in curve)     # traced when inside a jitted step
+    at, rs = curve                                   # constants of the program (:class:`Curves`)
     x = jnp.log2(1.0 + jnp.asarray(shape[ax], jnp.float32))
-    return jnp.exp(jnp.interp(x, jnp.log2(1.0 + at), rs))
+    return jnp.exp(jnp.interp(x, jnp.asarray(log_axis(at), jnp.float32), jnp.asarray(rs, jnp.float32)))
 
 
 def row_factors(curves: dict | None, kind: str, rows) -> np.ndarray:
@@ -165,7 +202,7 @@ def _numbers(v, where: str, low: float = -math.inf) -> np.ndarray:
     return x
 
 
-def from_dict(kind: str, d, where: str) -> dict:
+def from_dict(kind: str, d, where: str) -> Curves:
     """The curves of a file block (:func:`to_dict`); ``where``: ``<file>: field 'ops.<key>.measured_shapes``
     (without the closing quote), for one-line errors."""
     if kind not in AXES:
@@ -189,4 +226,4 @@ def from_dict(kind: str, d, where: str) -> dict:
         if len(rs) != len(at) or np.any(np.diff(at) <= 0):
             raise RoofcalError(f"{at_}' must give ascending 'at' values and one log_ratio for each")
         out[shape_key(key)] = (at, rs)
-    return out
+    return Curves(out)
