@@ -332,6 +332,18 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
     return out
 
 
+def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
+    """µs of each per-op row of a kind with measured shapes' curves predicted by its surface
+    alone (what a shape no table measured gets); NaN for the other rows."""
+    out = np.full(len(rows), np.nan)
+    sel = np.flatnonzero(rows["op"].isin(list(curves.AXES)).to_numpy())
+    if len(sel):
+        out[sel] = predict_table(rows.iloc[sel].reset_index(drop=True),
+                                 {"ops": {k: surface_only(p) for k, p in ops.items()},
+                                  "step": K.neutral_step_params()}, gpu)["predicted_us"].values
+    return out
+
+
 def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec) -> None:
     """Give each fitted kernel of a kind with a curve axis the curves of its measured shapes
     (:mod:`roofcal.model.curves`): the log-ratio of its training rows (``rows`` where ``train``;
@@ -607,7 +619,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         ks = c.kernel_sets[name]
         pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu)
         ks.metrics = _round_metrics(kernel_metrics(sub, {"ops": ks.ops}, gpu, sub_test, pred))
-        ks.intervals = op_intervals(pred, sub_test, settings)
+        ks.intervals = op_intervals(pred, sub_test, settings, surface_times(sub, ks.ops, gpu))
     c = with_kernels(c, c.kernels)          # the active set's bands mirrored
     metrics = {"train": {}, "heldout": {}}
     step_table = None
@@ -645,15 +657,28 @@ def _borrowable(names: list, name: str, fits: dict) -> dict:
     return out
 
 
-def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings) -> dict:
+def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings,
+                 surface: np.ndarray | None = None) -> dict:
     """The ``intervals`` of a fit: conformal bands (:mod:`roofcal.calibration.conformal`) of
     measured / predicted on the held-out per-op rows (``pred``: :func:`predict_table` output),
-    per kernel and regime."""
-    rows = pred.iloc[np.flatnonzero(test)]
+    per kernel and regime; with ``surface`` (µs per row of ``pred``, the surfaces alone; NaN
+    elsewhere) each kernel with measured shapes' curves also gets its :data:`IV.SURFACE` band."""
+    at = np.flatnonzero(test)
+    rows = pred.iloc[at]
     keys = (rows["op"] + "/" + rows["dtype"]).to_numpy()
     reg = IV.regime(rows["ideal_compute_us"].values, rows["ideal_memory_us"].values)
     ratios = (rows["latency_us"] / rows["predicted_us"]).to_numpy()
     bands = conformal.op_bands(keys, reg, ratios)
+    if surface is not None:                 # per kernel, pooled per kind as the other strata
+        alone = rows["latency_us"].to_numpy() / np.asarray(surface)[at]
+        has = np.isfinite(alone)
+        kinds = np.array([k.split("/")[0] for k in keys], object)
+        for name, sel in [(k, (keys == k) & has) for k in sorted(set(keys[has].tolist()))] + \
+                         [(k, (kinds == k) & has) for k in sorted(set(kinds[has].tolist()))]:
+            b = conformal.band(alone[sel]) if sel.sum() >= conformal.MIN_ROWS else None
+            if b is not None and ("/" in name or any(IV.SURFACE not in bands.get(k, {})
+                                                     for k in set(keys[sel].tolist()))):
+                bands.setdefault(name, {})[IV.SURFACE] = b
     source = {"residuals": f"held-out per-op rows of this fit ({settings.holdout:.0%} per kernel, "
                            f"seed {settings.seed}): measured / predicted",
               "method": f"split conformal, central {IV.LEVEL:.0%}, per kernel and regime "

@@ -115,19 +115,36 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     keys, x = _keys_and_axis(kind, rows)
     ok = np.isfinite(y) & np.isfinite(s) & (y > 0) & (s > 0)
     r = np.log(np.where(ok, y, 1.0) / np.where(ok, s, 1.0))
-    rows = np.flatnonzero(ok)
-    uniq, inv = np.unique(np.round(keys[rows], 6), axis=0, return_inverse=True)
+    good = np.flatnonzero(ok)
+    uniq, inv = np.unique(np.round(keys[good], 6), axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     out = {}
     for i, key in enumerate(uniq):                    # shapes in ascending order
-        idx = rows[inv == i]
+        idx = good[inv == i]
         at, pos = np.unique(x[idx], return_inverse=True)
         pos = pos.reshape(-1)
         out[shape_key(key)] = (at, np.bincount(pos, weights=r[idx]) / np.bincount(pos))
     return Curves(out)
 
 
-def factor(curves: dict | None, kind: str, shape):
+def _curve_of(curves, kind: str, shape):
+    """The curve of a call's shape (its own descriptors Python numbers), else None."""
+    if not curves or kind not in AXES:
+        return None
+    _, pos = _positions(kind)
+    vals = [shape[j] for j in pos]
+    if not all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals):
+        return None
+    return curves.get(shape_key(vals))
+
+
+def measured(curves, kind: str, shape) -> bool:
+    """Whether a kernel call's shape has a curve: its time rests on its own measurements, and its
+    band is the kernel's (else, for a kind with curves, the surface's: :mod:`.intervals`)."""
+    return _curve_of(curves, kind, shape) is not None
+
+
+def factor(curves, kind: str, shape):
     """Multiplier of a kernel call's corrected time from its shape's curve (1.0 without one).
 
     ``shape``: the call's descriptor values (:class:`~roofcal.physics.components.Work` ``.shape``)
@@ -135,26 +152,20 @@ def factor(curves: dict | None, kind: str, shape):
     or an array. A shape given as arrays (per-op tables) is looked up row by row with
     :func:`row_factors` instead.
     """
-    if not curves or kind not in AXES:
-        return 1.0
-    ax, pos = _positions(kind)
-    vals = [shape[j] for j in pos]
-    if not all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals):
-        return 1.0
-    curve = curves.get(shape_key(vals))
+    curve = _curve_of(curves, kind, shape)
     if curve is None:
         return 1.0
     at, rs = curve                                   # constants of the program (:class:`Curves`)
-    x = jnp.log2(1.0 + jnp.asarray(shape[ax], jnp.float32))
+    x = jnp.log2(1.0 + jnp.asarray(shape[_positions(kind)[0]], jnp.float32))
     return jnp.exp(jnp.interp(x, jnp.asarray(log_axis(at), jnp.float32), jnp.asarray(rs, jnp.float32)))
 
 
-def row_factors(curves: dict | None, kind: str, rows) -> np.ndarray:
-    """:func:`factor` of every row of a per-op table ``rows`` (a DataFrame whose columns are
-    named as the descriptors; a missing ``skew`` is 0)."""
-    out = np.ones(len(rows))
+def row_factors(curves, kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
+    """(:func:`factor`, :func:`measured`) of every row of a per-op table ``rows`` (a DataFrame
+    whose columns are named as the descriptors; a missing ``skew`` is 0)."""
+    out, found = np.ones(len(rows)), np.zeros(len(rows), bool)
     if not curves or kind not in AXES:
-        return out
+        return out, found
     keys, x = _keys_and_axis(kind, rows)
     uniq, inv = np.unique(np.round(keys, 6), axis=0, return_inverse=True)
     inv = inv.reshape(-1)
@@ -162,8 +173,9 @@ def row_factors(curves: dict | None, kind: str, rows) -> np.ndarray:
         curve = curves.get(shape_key(key))
         if curve is not None:
             sel = inv == i
+            found[sel] = True
             out[sel] = np.exp(np.interp(log_axis(x[sel]), log_axis(curve[0]), np.asarray(curve[1], np.float64)))
-    return out
+    return out, found
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import numpy as np
 
 from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
+from roofcal.model import curves
 from roofcal.physics.kernels import SHAPE_COLUMNS
 
 #: central coverage of every band
@@ -36,6 +37,10 @@ LEVEL = 0.8
 REGIMES = ("compute", "memory")
 #: the pooled stratum of a kernel (all regimes)
 ALL = "all"
+#: the stratum of a kernel with measured shapes' curves (:mod:`roofcal.model.curves`) for the
+#: shapes without one: its held-out rows predicted by the surface alone, the error a shape no
+#: table measured has (vLLM 0.24 MoE bf16 on H100: ×0.94–1.06 with a curve, ×0.86–1.11 without)
+SURFACE = "surface"
 #: step phases a stack band can have; a mixed step takes the union of both
 PHASES = ("prefill", "decode")
 #: ``interval_basis`` values: what a step band is made of (see :func:`step_interval`)
@@ -110,11 +115,13 @@ def regime(tc, tm) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # lookup
 
-def op_band(bands: dict, kind: str, variant: str, reg: str = ALL) -> "Band | None":
+def op_band(bands: dict, kind: str, variant: str, reg: str = ALL, surface: bool = False) -> "Band | None":
     """The band of a kernel row: the (kernel, regime) stratum, else the kernel's pooled band,
-    else the kind's, else None (no held-out evidence: no interval). ``bands`` maps
+    else the kind's, else None (no held-out evidence: no interval); with ``surface`` (a shape
+    without a measured curve) the kernel's :data:`SURFACE` band first. ``bands`` maps
     ``kind/variant`` and ``kind`` to {stratum: Band}."""
-    for key, stratum in ((K.op_key(kind, variant), reg), (K.op_key(kind, variant), ALL), (kind, ALL)):
+    first = ((K.op_key(kind, variant), SURFACE), (kind, SURFACE)) if surface else ()
+    for key, stratum in first + ((K.op_key(kind, variant), reg), (K.op_key(kind, variant), ALL), (kind, ALL)):
         b = bands.get(key, {}).get(stratum)
         if b is not None:
             return b
@@ -146,24 +153,28 @@ def cached_widening(share) -> tuple[np.ndarray, np.ndarray]:
     return CACHED_PREFIX[0] ** share, CACHED_PREFIX[1] ** share
 
 
-def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred, distance=None, share=None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def op_interval(bands: dict, kind: str, variant: str, tc, tm, pred, distance=None, share=None,
+                measured=None) -> tuple[np.ndarray, np.ndarray]:
     """(p10 µs, p90 µs) of per-op rows of one kernel: ``pred`` µs times the band of each row's
-    regime (ideal times ``tc``, ``tm`` µs), widened by :func:`widening` for rows ``distance``
-    log2 units outside the fitted shapes and, for prefill attention, to :func:`cached_widening`
-    of the rows' :func:`prefix_share` ``share``; NaN where no band exists."""
+    regime (ideal times ``tc``, ``tm`` µs) — the :data:`SURFACE` band for rows whose shape has no
+    measured curve (``measured`` False; None: every row has one or the kind has none) — widened by
+    :func:`widening` for rows ``distance`` log2 units outside the fitted shapes and, for prefill
+    attention, to :func:`cached_widening` of the rows' :func:`prefix_share` ``share``; NaN where
+    no band exists."""
     pred = np.asarray(pred, np.float64)
     reg = regime(tc, tm)
     wide = widening(kind, 0.0 if distance is None else distance) * np.ones(pred.shape)
     c10, c90 = (np.ones(pred.shape), np.ones(pred.shape)) if share is None else \
         (x * np.ones(pred.shape) for x in cached_widening(share))
+    own = np.ones(pred.shape, bool) if measured is None else np.asarray(measured, bool)
     lo, hi = np.full(pred.shape, np.nan), np.full(pred.shape, np.nan)
     for r in REGIMES:
-        b = op_band(bands, kind, variant, r)
-        if b is not None:
-            sel = reg == r
-            lo[sel] = pred[sel] * np.minimum(b.p10 / wide[sel], c10[sel])
-            hi[sel] = pred[sel] * np.maximum(b.p90 * wide[sel], c90[sel])
+        for is_own in (True, False):
+            b = op_band(bands, kind, variant, r, surface=not is_own)
+            if b is not None:
+                sel = (reg == r) & (own == is_own)
+                lo[sel] = pred[sel] * np.minimum(b.p10 / wide[sel], c10[sel])
+                hi[sel] = pred[sel] * np.maximum(b.p90 * wide[sel], c90[sel])
     return lo, hi
 
 
@@ -199,8 +210,9 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict
 
     ``calls``: the step's kernel calls (:func:`roofcal.physics.decompose.step_ops`), ``parts``:
     µs per component (the breakdown, stack scales applied), ``total``: predicted µs (S,). Each
-    component with a band moves to its p10 / p90 — widened by :func:`widening` when its shapes lie
-    outside the fitted range of ``ops`` (:func:`call_distance`); the rest of the step (overheads,
+    component with a band moves to its p10 / p90 — its kernel's :data:`SURFACE` band when ``ops``
+    gives it measured shapes' curves but none for this shape, widened by :func:`widening` when its
+    shapes lie outside the fitted range of ``ops`` (:func:`call_distance`); the rest of the step (overheads,
     overlap, kernels without held-out data) is held. ``covered``: fraction of the time of kernels
     that per-op data can measure (:data:`MEASURED_KINDS`; not the elementwise ones, which run at
     the roofline times the stack's scale) that had a band (1.0 = every such kernel);
@@ -216,7 +228,9 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict
         t = np.asarray(parts[name], np.float64)
         if call.kind in MEASURED_KINDS:
             kern += t
-        b = op_band(bands, call.kind, call.variant)
+        alone = ops is not None and call.kind in curves.AXES and not curves.measured(
+            K.lookup(ops, call.kind, call.variant)[1].get("curves"), call.kind, call.work.shape)
+        b = op_band(bands, call.kind, call.variant, surface=alone)
         if b is None:
             continue
         dist = call_distance(ops, call) if ops is not None else np.zeros(())
@@ -278,8 +292,8 @@ def bands_from_dict(d, where: str) -> dict:
         kind = str(key).split("/")[0]
         if kind not in K.OP_KINDS or str(key).count("/") > 1:
             raise RoofcalError(f"{where}.{key}' is not a kernel kind or kind/variant")
-        if not isinstance(strata, dict) or not set(strata) <= {ALL, *REGIMES} or not strata:
-            raise RoofcalError(f"{where}.{key}' must map {', '.join((ALL,) + REGIMES)} to bands")
+        if not isinstance(strata, dict) or not set(strata) <= {ALL, *REGIMES, SURFACE} or not strata:
+            raise RoofcalError(f"{where}.{key}' must map {', '.join((ALL,) + REGIMES + (SURFACE,))} to bands")
         out[str(key)] = {s: Band.from_dict(b, f"{where}.{key}.{s}") for s, b in strata.items()}
     return out
 

@@ -211,8 +211,8 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         tc, tm, z = row_times(gpu, op, dt, df, idx)
         _, p = K.lookup(params["ops"], op, dt)
         t = _op_times({k: v for k, v in p.items() if k != "curves"}, z, tc, tm)
-        if p.get("curves"):                                # measured shapes (:mod:`.curves`)
-            t = t * measured_curves.row_factors(p["curves"], op, df.iloc[idx])
+        factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
+        t = t * factor                                     # measured shapes (:mod:`.curves`)
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
         out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
@@ -223,7 +223,8 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
                 k = K.OP_KINDS[op]
                 x = np.exp2(np.asarray(z, np.float64) * np.asarray(k.scale) + np.asarray(k.center)) - 1.0
                 share = intervals.prefix_share(x[:, 1], x[:, 2])
-            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t, shape_flags["ood_shape"], share)
+            lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t, shape_flags["ood_shape"], share,
+                                           measured if op in measured_curves.AXES else None)
             out.loc[out.index[idx], "p10_us"], out.loc[out.index[idx], "p90_us"] = lo, hi
         if flags:
             for name, v in shape_flags.items():

@@ -48,7 +48,10 @@ def test_factor_interpolates_in_log2_of_one_plus_the_axis_and_holds_the_ends():
     assert curves.factor(c, "moe", arrays) == 1.0                               # rows: row_factors
     rows = pd.DataFrame({"tokens": [2 ** 1.5 - 1, 5.0], "hidden": [4096, 2048], "inter": 14336,
                          "topk": 2, "experts": 8, "tp": 2, "ep": 1, "skew": 0.0})
-    np.testing.assert_allclose(curves.row_factors(c, "moe", rows), [math.sqrt(1.2), 1.0], rtol=1e-9)
+    factors, measured = curves.row_factors(c, "moe", rows)
+    np.testing.assert_allclose(factors, [math.sqrt(1.2), 1.0], rtol=1e-9)
+    assert measured.tolist() == [True, False]
+    assert curves.measured(c, "moe", (2.0,) + MIXTRAL) and not curves.measured(c, "moe", other)
 
 
 def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
@@ -106,3 +109,22 @@ def test_shipped_file_reproduces_a_measured_shape_and_steps_use_it(mixtral_rows)
 
 def curves_free(p):
     return {k: v for k, v in p.items() if k != "curves"}
+
+
+def test_a_shape_without_a_curve_gets_the_surfaces_band():
+    # the same kernel at a routing skew no table measured: priced by the surface alone, so its
+    # 80 % band is the one of the held-out rows predicted by the surface alone ('surface')
+    from roofcal.model import intervals as IV
+    gpu = load_gpu("h100_sxm")
+    c = CI.with_kernels(CI.load("coeffs/h100_sxm.yaml", gpu), "vllm-0.14.0")
+    rows = pd.DataFrame({"gpu": "h100_sxm", "op": "moe", "dtype": "bf16", "tokens": [96.0, 96.0],
+                         "hidden": 4096, "inter": 14336, "topk": 2, "experts": 8, "tp": 2, "ep": 1,
+                         "skew": [0.0, 0.3], "latency_us": 1.0, "source": "t"})
+    pred = predict_table(rows, c.params, gpu, bands=c.op_bands)
+    bands = c.op_bands["moe/bf16"]
+    reg = IV.regime(pred.ideal_compute_us.values, pred.ideal_memory_us.values)
+    assert reg.tolist() == ["memory", "memory"]
+    assert pred.p90_us[0] / pred.predicted_us[0] == pytest.approx(bands["memory"].p90, rel=1e-9)
+    assert pred.p90_us[1] / pred.predicted_us[1] == pytest.approx(bands[IV.SURFACE].p90, rel=1e-9)
+    assert pred.p10_us[1] / pred.predicted_us[1] == pytest.approx(bands[IV.SURFACE].p10, rel=1e-9)
+    assert bands[IV.SURFACE].p90 - bands[IV.SURFACE].p10 > 1.5 * (bands["all"].p90 - bands["all"].p10)
