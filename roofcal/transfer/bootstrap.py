@@ -237,6 +237,7 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
         f"i.e. every ideal compute and memory time",
         f"efficiency surfaces: {describe_rule(rule, ref_gpu, new_gpu)}",
         "carried unchanged: per-call latencies (launch and prologue, µs), soft-max sharpness, "
+        "the measured shapes' curves (relative to the surfaces they move with), "
         "step overheads (host side, µs), kernel-group scales and the prefill-decode mix",
         "kernel kinds/variants absent from the reference fall back as roofcal.correction.lookup "
         "does (the kind's default variant, else neutral); variants whose dtype the new GPU lacks "
