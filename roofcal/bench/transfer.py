@@ -47,7 +47,8 @@ from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
 from roofcal.calibration.fit import (FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels, kernel_data,
-                                     split_rows, surface_only)
+                                     split_rows)
+from roofcal.model import curves
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
 from roofcal.metrics import mape
@@ -84,7 +85,7 @@ def zero_shot(ref: Coefficients, new_own: Coefficients | None, ref_gpu: GPUSpec,
         c = roundtrip(bootstrap(ref, ref_gpu, new_gpu, rule))
         rows.append({"method": f"bootstrap: {rule}", **per_op_mape(table_, c.params, new_gpu)})
     if new_own is not None:      # its surfaces: its measured shapes' curves pass through these rows
-        own = {**new_own.params, "ops": {k: surface_only(p) for k, p in new_own.params["ops"].items()}}
+        own = {**new_own.params, "ops": curves.surfaces(new_own.params["ops"])}
         rows.append({"method": f"own fit ({new_gpu.name}), surfaces alone",
                      **per_op_mape(table_, own, new_gpu)})
     df = pd.DataFrame(rows).set_index("method")

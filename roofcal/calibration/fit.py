@@ -300,11 +300,6 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     return p
 
 
-def surface_only(p: dict | None) -> dict | None:
-    """An op's raw parameters without its measured-shape curves (what the optimiser moves)."""
-    return None if p is None else {k: v for k, v in p.items() if k != "curves"}
-
-
 def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
                 init: dict | None = None) -> dict:
     """Stage 1: fit every kernel kind/variant in ``data``; returns {key: raw params}.
@@ -321,9 +316,9 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
     for k in keys:
         d = data[k]
         deg = settings.degree_of(d.kind)
-        c = surface_only((prior or {}).get(k)) or default_prior(d.kind, deg, d)
+        c = curves.surface_only((prior or {}).get(k)) or default_prior(d.kind, deg, d)
         c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
-        out[k] = fit_kernel(d, settings, c, surface_only((init or {}).get(k)))
+        out[k] = fit_kernel(d, settings, c, curves.surface_only((init or {}).get(k)))
         if bar is not None:
             bar.set_postfix_str(k)
             bar.update(1)
@@ -339,7 +334,7 @@ def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
     sel = np.flatnonzero(rows["op"].isin(list(curves.AXES)).to_numpy())
     if len(sel):
         out[sel] = predict_table(rows.iloc[sel].reset_index(drop=True),
-                                 {"ops": {k: surface_only(p) for k, p in ops.items()},
+                                 {"ops": curves.surfaces(ops),
                                   "step": K.neutral_step_params()}, gpu)["predicted_us"].values
     return out
 
@@ -423,7 +418,7 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
                  for (f, what), w in zip(terms, ws)], _gpu(d.gpu))
             for d, ws in zip(datasets, masks)]
     free_kernels = settings.finetune > 0
-    surfaces = {k: surface_only(p) for k, p in kernel_params.items()}
+    surfaces = curves.surfaces(kernel_params)
     k_strength = jax.tree_util.tree_map(lambda x: jnp.full(jnp.shape(x), settings.finetune / n),
                                         surfaces)
 
@@ -669,16 +664,12 @@ def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings,
     reg = IV.regime(rows["ideal_compute_us"].values, rows["ideal_memory_us"].values)
     ratios = (rows["latency_us"] / rows["predicted_us"]).to_numpy()
     bands = conformal.op_bands(keys, reg, ratios)
-    if surface is not None:                 # per kernel, pooled per kind as the other strata
+    if surface is not None:     # per kernel, pooled per kind as the other strata (one regime)
         alone = rows["latency_us"].to_numpy() / np.asarray(surface)[at]
         has = np.isfinite(alone)
-        kinds = np.array([k.split("/")[0] for k in keys], object)
-        for name, sel in [(k, (keys == k) & has) for k in sorted(set(keys[has].tolist()))] + \
-                         [(k, (kinds == k) & has) for k in sorted(set(kinds[has].tolist()))]:
-            b = conformal.band(alone[sel]) if sel.sum() >= conformal.MIN_ROWS else None
-            if b is not None and ("/" in name or any(IV.SURFACE not in bands.get(k, {})
-                                                     for k in set(keys[sel].tolist()))):
-                bands.setdefault(name, {})[IV.SURFACE] = b
+        pooled = conformal.op_bands(keys[has], np.full(int(has.sum()), IV.ALL, object), alone[has])
+        for name, strata in pooled.items():
+            bands.setdefault(name, {})[IV.SURFACE] = strata[IV.ALL]
     source = {"residuals": f"held-out per-op rows of this fit ({settings.holdout:.0%} per kernel, "
                            f"seed {settings.seed}): measured / predicted",
               "method": f"split conformal, central {IV.LEVEL:.0%}, per kernel and regime "

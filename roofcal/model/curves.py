@@ -77,6 +77,17 @@ class Curves(Mapping):
 jax.tree_util.register_pytree_node(Curves, lambda c: ((), c), lambda c, _: c)
 
 
+def surface_only(p: dict | None) -> dict | None:
+    """An op's raw parameters without its measured shapes' curves: its surface alone (what the
+    optimiser moves, and what a shape no table measured gets)."""
+    return None if p is None else {k: v for k, v in p.items() if k != "curves"}
+
+
+def surfaces(ops: dict) -> dict:
+    """{kernel: :func:`surface_only` parameters} of an ``ops`` mapping."""
+    return {k: surface_only(p) for k, p in ops.items()}
+
+
 def shape_key(values) -> tuple:
     """A measured shape's key: its :data:`KEYS` values as floats rounded to 6 decimals (so a
     step's ``4096`` and a table's ``4096.0`` meet)."""

@@ -210,7 +210,7 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
                                f"coefficients are for '{gpu.name}'")
         tc, tm, z = row_times(gpu, op, dt, df, idx)
         _, p = K.lookup(params["ops"], op, dt)
-        t = _op_times({k: v for k, v in p.items() if k != "curves"}, z, tc, tm)
+        t = _op_times(measured_curves.surface_only(p), z, tc, tm)
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
         t = t * factor                                     # measured shapes (:mod:`.curves`)
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)

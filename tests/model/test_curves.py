@@ -96,7 +96,7 @@ def test_shipped_file_reproduces_a_measured_shape_and_steps_use_it(mixtral_rows)
     pred = predict_table(rows, c.params, gpu)
     # every measured point of the shape is reproduced to the file's precision (1e-4 in log)
     np.testing.assert_allclose(pred.predicted_us, rows.latency_us, rtol=2e-4)
-    surface = predict_table(rows, {**c.params, "ops": {"moe/bf16": curves_free(p)}}, gpu)
+    surface = predict_table(rows, {**c.params, "ops": {"moe/bf16": curves.surface_only(p)}}, gpu)
     assert np.abs(surface.predicted_us / rows.latency_us - 1).max() > 0.05   # the surface alone is not
     # a decode step of Mixtral at TP 2 charges each of its 32 MoE layers the measured kernel at
     # its token count (a measured point of the curve: 96 or more tokens, a loaded server's decode)
@@ -105,10 +105,6 @@ def test_shipped_file_reproduces_a_measured_shape_and_steps_use_it(mixtral_rows)
     step = predict([Step(decode=(1024,) * n)], model="mistralai/Mixtral-8x7B-v0.1", gpu="h100_sxm",
                    tp=2, coeffs=c, stack="none", kernels="vllm-0.14.0")  # kernels as in isolation
     assert float(step.moe_us.iloc[0]) == pytest.approx(32 * measured, rel=2e-4)
-
-
-def curves_free(p):
-    return {k: v for k, v in p.items() if k != "curves"}
 
 
 def test_a_shape_without_a_curve_gets_the_surfaces_band():

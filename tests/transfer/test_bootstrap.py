@@ -172,8 +172,7 @@ def test_few_shot_refit_moves_only_as_far_as_the_data_supports():
     held, step = df[test], {"step": K.neutral_step_params()}
     mape = lambda ops: per_op_mape(held, {"ops": ops, **step}, A100)
     # (the surfaces: a refit also draws the measured shapes' curves from its rows, roofcal.model.curves)
-    from roofcal.calibration.fit import surface_only
-    surfaces = lambda ops: {k: surface_only(p) for k, p in ops.items()}
+    from roofcal.model.curves import surfaces
     zero = mape(prior.params["ops"])
     stiff = mape(surfaces(refit(df, sample_rows(df, ~test, 30, 1), prior, A100, 1e5, iters=100, size=32)))
     zero_surface = mape(surfaces(prior.params["ops"]))
