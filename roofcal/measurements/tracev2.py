@@ -255,7 +255,7 @@ def relative(req: Requests) -> Requests:
 def measured_of(req: Requests, warm_up: int = 0):
     """Ground truth of a recorded run (:class:`~.workload.Measured`): means over its successful
     requests after the first ``warm_up``; TTFT and E2E from the chunk times, ITL by
-    :func:`~.requests.itl_us`."""
+    :func:`~.requests.itl_us`; the E2E's 1st percentile by linear interpolation (numpy's rule)."""
     from roofcal.measurements.workload import Measured
     scored = np.arange(len(req)) >= warm_up
     ok = req.ok & scored
@@ -268,7 +268,8 @@ def measured_of(req: Requests, warm_up: int = 0):
     return Measured(e2e_ms=float(e2e.mean()) / 1e3, ttft_ms=float(ttft.mean()) / 1e3,
                     itl_ms=itl_us(e2e, ttft, s.output_tokens) / 1e3,
                     generated=float(s.output_tokens.mean()), n_success=n_ok, n_failures=n_fail,
-                    prompt_len=float(s.prompt_tokens.mean()), e2e_max_ms=float(e2e.max()) / 1e3)
+                    prompt_len=float(s.prompt_tokens.mean()), e2e_max_ms=float(e2e.max()) / 1e3,
+                    e2e_p1_ms=float(np.percentile(e2e, 1.0)) / 1e3)
 
 
 def _server_int(d: Mapping[str, Any], key: str, path: Path) -> int:

@@ -135,6 +135,8 @@ class Measured:
     the server generated per request; NaN when that is ≤ 1 or nothing succeeded (then every
     latency is NaN). ``client_output_len``: the client's own count of output tokens (inference-perf
     re-tokenises the streamed text); ``e2e_max_ms``: the longest successful request;
+    ``e2e_p1_ms``: the 1st percentile of the successful requests' E2E — the fastest requests, which
+    on a run that overloads are those served before its queue built (NaN when not reported);
     ``token_gap_p50_ms``: the median gap between two generated tokens (see :func:`token_gap_ms`),
     a step of the server, where ``itl_ms`` also carries the stalls of preempted requests.
     """
@@ -149,6 +151,7 @@ class Measured:
     client_output_len: float = math.nan   # the client's mean output_len
     e2e_max_ms: float = math.nan
     token_gap_p50_ms: float = math.nan    # median gap between generated tokens, ms
+    e2e_p1_ms: float = math.nan           # 1st percentile of the successful requests' E2E, ms
 
     @property
     def failure_rate(self) -> float:
@@ -446,6 +449,7 @@ def read_measured(path: str | Path, generated: float | None = None) -> Measured:
     req = _mapping(lat, "request_latency", path, pre)
     e2e = _number(req, "mean", path, pre + "request_latency.")
     e2e_max = _number(req, "max", path, pre + "request_latency.") if "max" in req else math.nan
+    e2e_p1 = _number(req, "p1", path, pre + "request_latency.") if "p1" in req else math.nan
     ttft = _number(_mapping(lat, "time_to_first_token", path, pre), "mean", path,
                    pre + "time_to_first_token.")
     out_len = _number(_mapping(succ, "output_len", path, "successes."), "mean", path, "successes.output_len.")
@@ -457,7 +461,8 @@ def read_measured(path: str | Path, generated: float | None = None) -> Measured:
                        prefix=pre + "inter_token_latency.") if "inter_token_latency" in lat else math.nan
     return Measured(e2e_ms=e2e * 1e3, ttft_ms=ttft * 1e3, itl_ms=itl, generated=gen,
                     n_success=n_success, n_failures=n_failures, prompt_len=prompt_len,
-                    client_output_len=out_len, e2e_max_ms=e2e_max * 1e3, token_gap_p50_ms=gap)
+                    client_output_len=out_len, e2e_max_ms=e2e_max * 1e3, token_gap_p50_ms=gap,
+                    e2e_p1_ms=e2e_p1 * 1e3)
 
 
 def prompt_quantiles(path: Path) -> tuple[tuple[float, float], ...]:

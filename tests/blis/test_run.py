@@ -74,7 +74,8 @@ def tiny_experiment(dest: Path, name: str = "tiny-7b", source: str = CODEGEN_7B,
     (out / "results" / "config.yaml").write_text(yaml.safe_dump(ran))
     n = sum(int(r * d) for r, d in stages)
     results = {"load_summary": {"count": n},
-               "successes": {"count": n, "latency": {"request_latency": {"mean": truth_e2e_s, "max": truth_e2e_s},
+               "successes": {"count": n, "latency": {"request_latency": {"mean": truth_e2e_s, "max": truth_e2e_s,
+                                                                         "p1": truth_e2e_s},
                                                      "time_to_first_token": {"mean": 0.002}},
                              "output_len": {"mean": float(OUT)}},
                "failures": {"count": 0, "request_latency": None, "prompt_len": None}}
@@ -104,6 +105,7 @@ def _formula(r, n_prompt: int):
     itl_us = (e2e_us - ttft_us) / (OUT - 1)
     assert itl_us == pytest.approx(STEP + A2 + A1 / (OUT - 1))
     assert (s.ttft_ms, s.itl_ms, s.e2e_ms) == pytest.approx((ttft_us / 1e3, itl_us / 1e3, e2e_us / 1e3))
+    assert s.e2e_p1_ms == pytest.approx(e2e_us / 1e3)            # every request alike
     # the clock: the last request is done α0 + OUT steps after it arrived (α1, α2 are metrics only)
     assert r.sim_duration_s == pytest.approx(arrived[-1] + (A0 + OUT * STEP) / 1e6, abs=2e-6)
     return e2e_us
@@ -237,6 +239,9 @@ def test_validate_errors_mape_and_order(tmp_path, capsys):
     assert s.loc["b-first", "err_e2e_pct"] == pytest.approx(28.0)
     assert s.loc["a-second", "err_e2e_pct"] == pytest.approx(-20.0)
     assert s.loc["b-first", "err_ttft_pct"] == pytest.approx(100 * (3.05 - 2.0) / 2.0)
+    # the fastest 1 %: every request takes 12.8 ms, measured p1 10 ms → +28 %, not scored
+    assert (s.loc["b-first", "measured_e2e_p1_ms"], s.loc["b-first", "sim_e2e_p1_ms"]) == pytest.approx((10.0, 12.8))
+    assert s.loc["b-first", "err_e2e_p1_pct"] == pytest.approx(28.0)
     assert v.mape["e2e"] == pytest.approx(24.0) and v.scored == 2 and v.within == 0
     assert len(v.table) == 2 * 3 and not v.table["overload"].any()
     kept = tmp_path / "keep" / "b-first"
@@ -249,7 +254,7 @@ def test_validate_errors_mape_and_order(tmp_path, capsys):
     write_validation_csv(v, tmp_path / "v.csv")
     back = pd.read_csv(tmp_path / "v.csv")
     for col in ["experiment", "scope", "model", "tp", "overload", "measured_e2e_ms", "sim_itl_ms",
-                "err_ttft_pct", "sim_duration_s", "wall_s", "replay"]:
+                "err_ttft_pct", "err_e2e_p1_pct", "sim_duration_s", "wall_s", "replay"]:
         assert col in back.columns
 
 

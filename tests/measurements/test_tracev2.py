@@ -58,6 +58,8 @@ def test_ground_truth_by_hand_and_replayed_from_the_first_send(tmp_path):
     assert (s.n_success, s.n_failures) == (3, 1) and s.failure_rate == pytest.approx(0.25) and e.overload
     assert s.ttft_ms == pytest.approx((30 + 50 + 40) / 3)
     assert s.e2e_ms == pytest.approx((130 + 250 + 140) / 3)
+    # E2E's 1st percentile, numpy's linear rule: 2 % of the way from 130 to 140 ms
+    assert s.e2e_p1_ms == pytest.approx(130 + 0.02 * (140 - 130))
     # ITL per request (E2E − TTFT)/(tokens − 1): 100/10, 200/10, 100/5 ms; their mean
     assert s.itl_ms == pytest.approx((10 + 20 + 20) / 3)
     assert s.generated == pytest.approx((11 + 11 + 6) / 3) and s.prompt_len == 120

@@ -130,6 +130,9 @@ def test_reasoning_run_is_overload_by_its_failure_rate():
     assert (s.n_success, s.n_failures) == (732, 4068)
     assert s.failure_rate == pytest.approx(4068 / 4800)
     assert e.overload and len(e.stages) == 1
+    # the fastest successful requests (served before the queue built): the client's p1 of E2E,
+    # 29.834 s in the results file, read in ms
+    assert s.e2e_p1_ms == pytest.approx(29834.29990707982, rel=1e-12)
 
 
 def test_token_gap_is_the_event_gaps_upper_quantile():
