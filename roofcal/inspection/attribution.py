@@ -180,8 +180,11 @@ def attribution_inputs(rows: pd.DataFrame, kind: str, names: list, blis: bool) -
     steps: (prediction, candidate times)."""
     if kind == KERNEL:
         cands = [(n, (n,)) for n in OP_COMPONENTS]
-        a = rows["ideal_compute_us"] / rows["compute_efficiency"]
-        b = rows["ideal_memory_us"] / rows["memory_efficiency"]
+        # a measured shape's curve scales the kernel's time; the soft max is homogeneous, so it
+        # scales both corrected times (the latency column already carries it)
+        f = rows["shape_factor"] if "shape_factor" in rows else 1.0
+        a = rows["ideal_compute_us"] / rows["compute_efficiency"] * f
+        b = rows["ideal_memory_us"] / rows["memory_efficiency"] * f
         amount = rows[[f"comp_{c}_us" for c in OP_COMPONENTS]].to_numpy()
         return cands, [rows["comp_latency_us"], a, b, rows["sharpness"]], amount
     cands = step_candidates(names, blis)

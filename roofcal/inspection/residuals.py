@@ -7,7 +7,9 @@ signed relative error ``predicted / measured − 1``, and the predicted time of 
 
 * kernel rows: ``comp_latency_us`` (fixed cost of the call), ``comp_compute_us`` and
   ``comp_memory_us``: the corrected times ``tc / eff_c`` and ``tm / eff_m`` after the soft max
-  ``smax_q``, split in proportion to their q-th powers (latency + compute + memory = prediction);
+  ``smax_q``, split in proportion to their q-th powers, each times ``shape_factor``, the measured
+  shape's curve (1 without one: :mod:`roofcal.model.curves`) (latency + compute + memory =
+  prediction);
 * step rows: the breakdown of :func:`roofcal.model.step_breakdown` (one column per kernel of the
   step, and ``overhead``), or with BLIS coefficients BLIS's terms β·basis (:data:`BLIS_TERMS`).
 
@@ -33,6 +35,7 @@ from roofcal.model import correction as K
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.metrics import error_summary
+from roofcal.model import curves
 from roofcal.model.predict import padded_size, row_times
 
 KERNEL, STEP = "kernel", "step"
@@ -158,10 +161,13 @@ def kernel_residuals(table: pd.DataFrame, params: dict, gpu: GPUSpec) -> pd.Data
                                f"coefficients are for '{gpu.name}'")
         _, p = K.lookup(params["ops"], op, dt)
         tc, tm, ec, em = kernel_parts(gpu, op, dt, table, idx, p)
-        lat = math.exp(float(p["latency"]))
+        # a measured shape's curve scales the whole kernel time (model/curves.py), so each part
+        shape, _ = curves.row_factors(p.get("curves"), op, table.iloc[idx])
+        lat = math.exp(float(p["latency"])) * shape
         q = 1.0 + float(np.logaddexp(0.0, float(p["sharpness"])))
         active = tc + tm > 0
         comp, mem = smax_split(tc / ec, tm / em, q)
+        comp, mem = comp * shape, mem * shape
         part = pd.DataFrame({"row": idx, "key": K.op_key(op, dt), "op": op, "dtype": dt,
                              "shape": _shape_text(table, op, idx),
                              "bound": np.where(tc >= tm, "compute", "memory"),
@@ -171,7 +177,7 @@ def kernel_residuals(table: pd.DataFrame, params: dict, gpu: GPUSpec) -> pd.Data
                              "comp_memory_us": np.where(active, mem, 0.0),
                              "ideal_compute_us": tc, "ideal_memory_us": tm,
                              "compute_efficiency": ec, "memory_efficiency": em,
-                             "sharpness": q, **kernel_regimes(op, table, idx)})
+                             "sharpness": q, "shape_factor": shape, **kernel_regimes(op, table, idx)})
         parts.append(part)
     out = pd.concat(parts, ignore_index=True).sort_values("row", kind="stable")
     out["kind"], out["gpu"], out["model"] = KERNEL, gpu.name, None
@@ -259,7 +265,7 @@ FRONT = ("kind", "key", "source", "gpu", "model", "tp", "op", "dtype", "phase", 
          "batch", "context", "batch_bucket", "context_bucket", "bound", "work_us", "measured_us",
          "predicted_us", "rel_error", "log_ratio")
 EXTRA = ("ideal_compute_us", "ideal_memory_us", "compute_efficiency", "memory_efficiency",
-         "sharpness", "flops", "bytes")
+         "sharpness", "shape_factor", "flops", "bytes")
 
 
 def finish_table(frames: list) -> pd.DataFrame:

@@ -127,9 +127,10 @@ def test_breakdown_sums_to_prediction_and_matches_the_model(report, coeffs, ops_
     kern = df[df["kind"] == "kernel"]
     assert len(kern) == len(ops_subset)
     assert np.allclose(kern["measured_us"], ops_subset["latency_us"])
-    gemm = (ops_subset["op"] == "gemm").to_numpy()
-    ref = predict_table(ops_subset[gemm], coeffs.params, H100)
-    assert np.allclose(kern["predicted_us"][gemm], ref["predicted_us"], rtol=2e-5)
+    # every kernel as predict prices it, measured shapes' curves included (GEMM, MoE, all-reduce)
+    ref = predict_table(ops_subset, coeffs.params, H100)
+    assert np.allclose(kern["predicted_us"], ref["predicted_us"], rtol=2e-5)
+    assert (kern["shape_factor"] != 1.0).any() and (kern["shape_factor"][kern["op"] == "attn_decode"] == 1.0).all()
     steps = df[df["kind"] == "step"]
     d = steps_subset[0]                                          # TP 4 rows come first
     ref = step_breakdown(coeffs.params, d.model, H100, d.tp, pad_batch(d.batch))
@@ -143,7 +144,7 @@ def test_breakdown_sums_to_prediction_and_matches_the_model(report, coeffs, ops_
     b = kern["ideal_memory_us"] / kern["memory_efficiency"]
     q = kern["sharpness"]
     assert np.allclose(kern["comp_compute_us"] + kern["comp_memory_us"],
-                       (a ** q + b ** q) ** (1 / q), rtol=1e-9)
+                       (a ** q + b ** q) ** (1 / q) * kern["shape_factor"], rtol=1e-9)
 
 
 def test_smax_split_shares():
@@ -245,7 +246,9 @@ def test_attribution_finds_a_planted_kernel_component(coeffs, ops_subset):
     b = base["ideal_memory_us"] / base["memory_efficiency"]
     q = base["sharpness"]
     planted = gemm.copy()
-    planted["latency_us"] = (base["comp_latency_us"] + (a ** q + (1.3 * b) ** q) ** (1 / q)).to_numpy()
+    # the measured shapes' curves scale a kernel's whole time (its latency column carries it)
+    f = base["shape_factor"]
+    planted["latency_us"] = (base["comp_latency_us"] + f * (a ** q + (1.3 * b) ** q) ** (1 / q)).to_numpy()
     res = residuals(coeffs, Measurements(ops=planted), None, plots=False)
     att = res.attribution
     row = att[(att["level"] == "key") & (att["regime"] == "gemm/bf16")]
