@@ -100,6 +100,8 @@ def make_inputs(tmp: Path) -> None:
     _edit(COEFFS, tmp / "c_curve_text.yaml", ratio, "\n            log_ratio: 0.01 fast 0.02\n")
     at = re.search(r"\n {12}at: [^\n]+\n", text).group(0)
     _edit(COEFFS, tmp / "c_curve_order.yaml", at, "\n            at: 4 2 1\n")
+    shrink = re.search(r"\n {10}shrink: [^\n]+\n", text).group(0)
+    _edit(COEFFS, tmp / "c_curve_shrink.yaml", shrink, "\n          shrink: 1.5\n")
     kernels = re.search(r"\nkernels: [^\n]+\n", text).group(0)
     _edit(COEFFS, tmp / "c_kernels.yaml", kernels, "\nkernels: vllm-9.9.9\n")
     # step files
@@ -207,6 +209,8 @@ CASES = [
       "c_curve_text.yaml", "--out", "o.csv"),
     C("predict-coeffs-curve-descending", "predict", "--steps", "steps.jsonl", *M7, "--coeffs",
       "c_curve_order.yaml", "--out", "o.csv"),
+    C("predict-coeffs-curve-shrink-above-1", "predict", "--steps", "steps.jsonl", *M7, "--coeffs",
+      "c_curve_shrink.yaml", "--out", "o.csv"),
     C("predict-tp-0", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm",
       "--tp", "0", "--out", "o.csv"),
     C("predict-tp-negative", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm",

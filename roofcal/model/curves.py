@@ -2,26 +2,38 @@
 
 A kernel library tunes shapes one by one. vLLM's fused MoE reads a Triton configuration per expert
 count, width and GPU (``fused_moe/configs/E=…,N=…,device_name=….json``, or a default where none is
-shipped); its custom all-reduce switches kernels by size and GPU count. So a measured shape sits
-off the surface fitted across all shapes by 5–20 %, with a sign that changes from one shape to the
-next (Mixtral's expert shape: +33 % at TP 1, −12 % at TP 2, +12 % at TP 4 in vLLM 0.14's FP8
-table), which no polynomial in the shape descriptors follows. Along a shape's own token axis,
-though, the measurements are smooth: interpolating a held-out row between its measured
-neighbours is 3–5 % off where the surface is 6–9 % (docs/limits.md).
+shipped); its custom all-reduce switches kernels by size and GPU count; cuBLAS and vLLM's CUTLASS
+dispatch pick a GEMM kernel and tile per (m, n, k). So a measured shape sits off the surface fitted
+across all shapes by 5–20 %, with a sign that changes from one shape to the next (Mixtral's expert
+shape: +33 % at TP 1, −12 % at TP 2, +12 % at TP 4 in vLLM 0.14's FP8 table), which no polynomial
+in the shape descriptors follows. Along a shape's own token axis, though, the measurements are
+partly smooth: interpolating a held-out row between its measured neighbours is 3–5 % off where
+the surface is 6–9 % (docs/limits.md).
 
 So for the kinds in :data:`AXES` the fit keeps, for every measured **shape** (all descriptors but
 the axis: :data:`KEYS`), the log-ratio ``r = ln(measured / surface)`` of its training rows at each
-axis value. A call of exactly that shape is multiplied by ``exp(r(x))``, with ``r`` interpolated
-linearly in ``log2(1 + x)`` between the measured points and held at the end values beyond them;
-a call of any other shape gets factor 1 (the surface alone). The curves are data, not physics:
-they never move the surface. A datasheet transfer to another GPU carries them with the surface
-they are relative to (:mod:`roofcal.transfer.bootstrap`; measured on the zero-shot MoE tables
-they help a little: H100 → A100 21.0 → 20.0 %, A100 → H100 26.2 → 25.6 % mean error).
+axis value. A call of exactly that shape is multiplied by ``exp(λ · r(x))``, with ``r``
+interpolated linearly in ``log2(1 + x)`` between the measured points and held at the end values
+beyond them; a call of any other shape gets factor 1 (the surface alone).
 
-A curve set is a :class:`Curves`, ``{shape key: (at, rs)}``: ``at`` the measured axis values,
-ascending, and ``rs`` their log-ratios (float64 arrays); a shape key is the tuple of :data:`KEYS`
-values rounded by :func:`shape_key`. Inside jitted code it is a constant, not a traced input
-(thousands of small arrays would cost every call more than the step itself).
+``λ`` in [0, 1] (:func:`shrinkage`) is how far a kernel's curves are trusted between their points:
+where neighbouring axis values run different kernels (a GEMM's m crossing a cuBLAS heuristic's
+boundary), the neighbours' residual is partly noise for the point between them. It is chosen per
+kernel from its training rows alone: each training row is priced by the other rows of its shape,
+as a held-out row would be (leave one out: its repeats at the same axis value, else its
+neighbours'), and λ minimises the mean relative error of those prices on a grid of 0.05 steps.
+A row alone at its axis value and more than 2× off the line through its neighbours is a
+measurement artifact, not a kernel's tuning, and is left out of its curve (:func:`artifacts`).
+
+The curves are data, not physics: they never move the surface. A datasheet transfer to another
+GPU carries them with the surface they are relative to (:mod:`roofcal.transfer.bootstrap`;
+measured on the zero-shot MoE tables they help a little: H100 → A100 21.0 → 20.0 %, A100 → H100
+26.2 → 25.6 % mean error).
+
+A curve set is a :class:`Curves`, ``{shape key: (at, rs)}`` with its ``shrink`` λ: ``at`` the
+measured axis values, ascending, and ``rs`` their log-ratios (float64 arrays); a shape key is the
+tuple of :data:`KEYS` values rounded by :func:`shape_key`. Inside jitted code it is a constant, not
+a traced input (thousands of small arrays would cost every call more than the step itself).
 """
 
 from __future__ import annotations
@@ -38,22 +50,29 @@ from roofcal.errors import RoofcalError
 from roofcal.model.correction import OP_KINDS
 
 #: kernel kind → the descriptor its curves run along
-AXES = {"moe": "tokens", "allreduce": "bytes"}
+AXES = {"moe": "tokens", "allreduce": "bytes", "gemm": "m"}
 #: kernel kind → the descriptors that name a measured shape (the others are the axis, or are
 #: derived from it: the all-reduce's size regimes)
-KEYS = {"moe": ("hidden", "inter", "topk", "experts", "tp", "ep", "skew"), "allreduce": ("num_gpus",)}
+KEYS = {"moe": ("hidden", "inter", "topk", "experts", "tp", "ep", "skew"), "allreduce": ("num_gpus",),
+        "gemm": ("n", "k")}
+#: a row this many times off the line through its shape's neighbours is an artifact (:func:`artifacts`)
+ARTIFACT_RATIO = 2.0
+#: the values :func:`shrinkage` chooses λ from
+SHRINK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
 
 
 class Curves(Mapping):
-    """The curves of one kernel kind/variant, read-only: {shape key: (at, rs)} in key order.
+    """The curves of one kernel kind/variant, read-only: {shape key: (at, rs)} in key order, and
+    ``shrink``, the λ in [0, 1] their log-ratios are scaled by (module docstring).
 
     A static pytree node (no leaves): jitted functions take it as part of their program, compared
-    by content (a digest of keys and values), so equal curves share one compiled program."""
+    by content (a digest of λ, keys and values), so equal curves share one compiled program."""
 
-    def __init__(self, curves: dict):
+    def __init__(self, curves: dict, shrink: float = 1.0):
         self._c = {k: (np.asarray(a, np.float64), np.asarray(r, np.float64))
                    for k, (a, r) in sorted(curves.items())}
-        h = hashlib.sha256()
+        self.shrink = float(shrink)
+        h = hashlib.sha256(repr(self.shrink).encode())
         for k, (a, r) in self._c.items():
             h.update(repr(k).encode() + a.tobytes() + r.tobytes())
         self._digest = h.hexdigest()
@@ -75,6 +94,11 @@ class Curves(Mapping):
 
 
 jax.tree_util.register_pytree_node(Curves, lambda c: ((), c), lambda c, _: c)
+
+
+def shrink_of(curves) -> float:
+    """The λ of a curve set (1.0 for a plain mapping, as hand-built in tests)."""
+    return float(getattr(curves, "shrink", 1.0))
 
 
 def surface_only(p: dict | None) -> dict | None:
@@ -117,8 +141,9 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
 
     ``rows``: a per-op table (DataFrame) with columns named as the descriptors (a missing
     ``skew`` is 0); ``measured``, ``surface``: µs per row (the surface's prediction without
-    curves). Rows of one shape at the same axis value are averaged in log. Returns
-    a :class:`Curves` (module docstring), empty for a kind without an axis.
+    curves). Rows of one shape at the same axis value are averaged in log, after leaving out
+    :func:`artifacts`; λ by :func:`shrinkage`. Returns a :class:`Curves` (module docstring), empty for a kind without an
+    axis.
     """
     if kind not in AXES:
         return Curves({})
@@ -127,6 +152,8 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     ok = np.isfinite(y) & np.isfinite(s) & (y > 0) & (s > 0)
     r = np.log(np.where(ok, y, 1.0) / np.where(ok, s, 1.0))
     good = np.flatnonzero(ok)
+    _, inv = np.unique(np.round(keys[good], 6), axis=0, return_inverse=True)
+    good = good[~artifacts(x[good], r[good], inv.reshape(-1))]
     uniq, inv = np.unique(np.round(keys[good], 6), axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     out = {}
@@ -135,7 +162,64 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
         at, pos = np.unique(x[idx], return_inverse=True)
         pos = pos.reshape(-1)
         out[shape_key(key)] = (at, np.bincount(pos, weights=r[idx]) / np.bincount(pos))
-    return Curves(out)
+    return Curves(out, shrinkage(*leave_one_out(x[good], r[good], inv)))
+
+
+def _neighbour_prices(x, r, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: its price from the other rows of its shape (module docstring), whether it has one
+    from repeats at its axis value, and whether it has one from the line between its neighbours."""
+    x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
+    # the (shape, axis value) points in lexicographic order; each row's point g
+    points, g = np.unique(np.stack([np.asarray(shape, np.float64), x], 1), axis=0, return_inverse=True)
+    g = g.reshape(-1)
+    total, count = np.bincount(g, weights=r), np.bincount(g)
+    mean, lx, same = total / count, log_axis(points[:, 1]), points[:, 0]
+    n = len(points)
+    lo, hi = np.maximum(g - 1, 0), np.minimum(g + 1, n - 1)
+    interior = (g > 0) & (g < n - 1) & (same[lo] == same[g]) & (same[hi] == same[g])
+    line = mean[lo] + (mean[hi] - mean[lo]) * (lx[g] - lx[lo]) / np.where(interior, lx[hi] - lx[lo], 1.0)
+    repeat = count[g] > 1
+    return np.where(repeat, (total[g] - r) / np.maximum(count[g] - 1, 1), line), repeat, interior & ~repeat
+
+
+def leave_one_out(x, r, shape) -> tuple[np.ndarray, np.ndarray]:
+    """(log-ratio, its prediction from the other rows of its shape) of training rows, as a held-out
+    row is priced: the mean of its repeats at the same axis value where there are any, else the
+    line in log2(1 + axis) between the means at the neighbouring axis values. A row alone at its
+    shape's first or last axis value has no such prediction and is left out.
+
+    ``x``: axis values, ``r``: log-ratios, ``shape``: an integer label of each row's shape."""
+    r = np.asarray(r, np.float64)
+    if not len(r):
+        return np.zeros(0), np.zeros(0)
+    got, repeat, line = _neighbour_prices(x, r, shape)
+    keep = repeat | line
+    return r[keep], got[keep]
+
+
+def artifacts(x, r, shape) -> np.ndarray:
+    """Rows that are measurement artifacts: alone at their axis value, between two measured
+    neighbours of their shape, and more than :data:`ARTIFACT_RATIO` × off the line through them
+    (in time). A kernel's time does not jump 2× and back between neighbouring sizes; vLLM 0.14's
+    H100 bf16 GEMM table has 40 such rows of 9,240 (2560 × 8192 at m = 4,096: 753 µs, where
+    m = 2,048 takes 103 µs and m = 8,192 takes 421 µs)."""
+    r = np.asarray(r, np.float64)
+    if not len(r):
+        return np.zeros(0, bool)
+    got, _, line = _neighbour_prices(x, r, shape)
+    return line & (np.abs(r - got) > math.log(ARTIFACT_RATIO))
+
+
+def shrinkage(want, got) -> float:
+    """λ of :data:`SHRINK_GRID` minimising mean |exp(r − λ·r̂) − 1| over the training rows'
+    leave-one-out predictions r̂ (:func:`leave_one_out`): the relative error of a row's time when
+    the other rows of its shape price it. 1.0 when no row has a prediction; the smaller λ on a
+    tie."""
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    if not len(want):
+        return 1.0
+    errs = [float(np.mean(np.abs(np.expm1(want - lam * got)))) for lam in SHRINK_GRID]
+    return float(SHRINK_GRID[int(np.argmin(errs))])
 
 
 def _curve_of(curves, kind: str, shape):
@@ -168,7 +252,8 @@ def factor(curves, kind: str, shape):
         return 1.0
     at, rs = curve                                   # constants of the program (:class:`Curves`)
     x = jnp.log2(1.0 + jnp.asarray(shape[_positions(kind)[0]], jnp.float32))
-    return jnp.exp(jnp.interp(x, jnp.asarray(log_axis(at), jnp.float32), jnp.asarray(rs, jnp.float32)))
+    return jnp.exp(shrink_of(curves) * jnp.interp(x, jnp.asarray(log_axis(at), jnp.float32),
+                                                    jnp.asarray(rs, jnp.float32)))
 
 
 def row_factors(curves, kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +270,8 @@ def row_factors(curves, kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
         if curve is not None:
             sel = inv == i
             found[sel] = True
-            out[sel] = np.exp(np.interp(log_axis(x[sel]), log_axis(curve[0]), np.asarray(curve[1], np.float64)))
+            out[sel] = np.exp(shrink_of(curves) * np.interp(log_axis(x[sel]), log_axis(curve[0]),
+                                                            np.asarray(curve[1], np.float64)))
     return out, found
 
 
@@ -204,10 +290,10 @@ def _text(values) -> str:
 
 
 def to_dict(kind: str, curves: dict) -> dict:
-    """An op's curves as its file block: the axis, the shape descriptors, and per measured shape
-    its ``shape`` values, the axis values ``at`` and the ``log_ratio`` ln(measured / surface),
-    each a line of space-separated numbers."""
-    return {"axis": AXES[kind], "shape": " ".join(KEYS[kind]), "curves": [
+    """An op's curves as its file block: the axis, the shape descriptors, the ``shrink`` λ, and
+    per measured shape its ``shape`` values, the axis values ``at`` and the ``log_ratio``
+    ln(measured / surface), each a line of space-separated numbers."""
+    return {"axis": AXES[kind], "shape": " ".join(KEYS[kind]), "shrink": shrink_of(curves), "curves": [
         {"shape": _text(key), "at": _text(at),
          "log_ratio": _text(round(float(r), RATIO_DECIMALS) + 0.0 for r in rs)}
         for key, (at, rs) in sorted(curves.items())]}
@@ -227,11 +313,15 @@ def _numbers(v, where: str, low: float = -math.inf) -> np.ndarray:
 
 def from_dict(kind: str, d, where: str) -> Curves:
     """The curves of a file block (:func:`to_dict`); ``where``: ``<file>: field 'ops.<key>.measured_shapes``
-    (without the closing quote), for one-line errors."""
+    (without the closing quote), for one-line errors. A block without ``shrink`` (written before
+    it existed) has λ = 1, as it was fitted."""
     if kind not in AXES:
         raise RoofcalError(f"{where}' is only for {', '.join(AXES)} kernels")
-    if not isinstance(d, dict) or set(d) != {"axis", "shape", "curves"}:
-        raise RoofcalError(f"{where}' must be a mapping of axis, shape and curves")
+    if not isinstance(d, dict) or not {"axis", "shape", "curves"} <= set(d) <= {"axis", "shape", "shrink", "curves"}:
+        raise RoofcalError(f"{where}' must be a mapping of axis, shape, shrink and curves")
+    shrink = d.get("shrink", 1.0)
+    if isinstance(shrink, bool) or not isinstance(shrink, (int, float)) or not 0.0 <= shrink <= 1.0:
+        raise RoofcalError(f"{where}.shrink' must be a number in [0, 1], got {str(shrink)[:40]!r}")
     if d["axis"] != AXES[kind] or d["shape"] != " ".join(KEYS[kind]):
         raise RoofcalError(f"{where}' must have axis {AXES[kind]} and shape '{' '.join(KEYS[kind])}'")
     if not isinstance(d["curves"], list):
@@ -249,4 +339,4 @@ def from_dict(kind: str, d, where: str) -> Curves:
         if len(rs) != len(at) or np.any(np.diff(at) <= 0):
             raise RoofcalError(f"{at_}' must give ascending 'at' values and one log_ratio for each")
         out[shape_key(key)] = (at, rs)
-    return Curves(out)
+    return Curves(out, float(shrink))
