@@ -142,8 +142,8 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     ``rows``: a per-op table (DataFrame) with columns named as the descriptors (a missing
     ``skew`` is 0); ``measured``, ``surface``: µs per row (the surface's prediction without
     curves). Rows of one shape at the same axis value are averaged in log, after leaving out
-    :func:`artifacts`; λ by :func:`shrinkage`. Returns a :class:`Curves` (module docstring), empty for a kind without an
-    axis.
+    :func:`artifacts`; λ by :func:`shrinkage`. Returns a :class:`Curves` (module docstring),
+    empty for a kind without an axis.
     """
     if kind not in AXES:
         return Curves({})
@@ -201,8 +201,8 @@ def artifacts(x, r, shape) -> np.ndarray:
     """Rows that are measurement artifacts: alone at their axis value, between two measured
     neighbours of their shape, and more than :data:`ARTIFACT_RATIO` × off the line through them
     (in time). A kernel's time does not jump 2× and back between neighbouring sizes; vLLM 0.14's
-    H100 bf16 GEMM table has 40 such rows of 9,240 (2560 × 8192 at m = 4,096: 753 µs, where
-    m = 2,048 takes 103 µs and m = 8,192 takes 421 µs)."""
+    H100 bf16 GEMM table has 40 such rows among its 7,392 training rows (2560 × 8192 at
+    m = 4,096: 753 µs, where m = 2,048 takes 103 µs and m = 8,192 takes 421 µs)."""
     r = np.asarray(r, np.float64)
     if not len(r):
         return np.zeros(0, bool)
