@@ -152,10 +152,10 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     ok = np.isfinite(y) & np.isfinite(s) & (y > 0) & (s > 0)
     r = np.log(np.where(ok, y, 1.0) / np.where(ok, s, 1.0))
     good = np.flatnonzero(ok)
-    _, inv = np.unique(np.round(keys[good], 6), axis=0, return_inverse=True)
-    good = good[~artifacts(x[good], r[good], inv.reshape(-1))]
     uniq, inv = np.unique(np.round(keys[good], 6), axis=0, return_inverse=True)
     inv = inv.reshape(-1)
+    kept = ~artifacts(x[good], r[good], inv)      # an artifact is interior: no shape loses all rows
+    good, inv = good[kept], inv[kept]
     out = {}
     for i, key in enumerate(uniq):                    # shapes in ascending order
         idx = good[inv == i]
