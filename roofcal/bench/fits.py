@@ -244,7 +244,7 @@ def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> 
         + per_op_rows("a100_sxm", a100.coeffs, seeded_small_tables("a100_sxm", a100_m),
                       surface_alone(a100, a100_m))
     emit("Per-op held-out error per kernel set (random 20 % of rows, seed 0; 'surface alone': "
-         "GEMM, MoE and all-reduce without their measured shapes' curves, as a shape no table measured)",
+         "every kernel with measured shapes' curves without them, as a shape no table measured)",
          table(rows, ["gpu", "kernels", "kernel", "held-out MAPE %", "surface alone %",
                       f"mean of {SEEDS} splits %", "p90 %", "n held out", "target %", "met"]))
     from roofcal.bench import kernel_sets as kernel_set_bench

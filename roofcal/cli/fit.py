@@ -86,9 +86,9 @@ def cmd_fit(a) -> None:
     coeff_io.save(c, out)
     print(metrics_table(c.metrics, {n: ks.metrics for n, ks in c.kernel_sets.items()}))
     if any(p.get("curves") for ks in c.kernel_sets.values() for p in ks.ops.values()):
-        print("GEMM, MoE and all-reduce: priced from each measured shape's curve, which follows its "
-              "training rows (train MAPE near 0 where the curve is trusted fully, shrink 1); judge them "
-              "by the held-out rows (docs/model.md)")
+        print("GEMM, MoE, all-reduce and attention: priced from each measured shape's curve, which "
+              "follows its training rows (train MAPE near 0 where the curve is trusted fully, shrink 1); "
+              "judge them by the held-out rows (docs/model.md)")
     print(f"wrote {out} in {time.time() - t0:.1f} s")
 
 

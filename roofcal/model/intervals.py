@@ -29,6 +29,7 @@ import numpy as np
 from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
 from roofcal.model import curves
+from roofcal.physics.components.attention import prefix_share as prefix_share_of
 from roofcal.physics.kernels import SHAPE_COLUMNS
 
 #: central coverage of every band
@@ -135,15 +136,9 @@ def widening(kind: str, distance) -> np.ndarray:
 
 
 def prefix_share(seq_len, cached) -> np.ndarray:
-    """Share of a prefill chunk's causal (query, key) pairs that are against its cached prefix,
-    in [0, 1), from its attention descriptors: the equivalent uncached chunk ``seq_len`` n and the
-    cached tokens c per sequence. The mean new tokens s solve n(n+1)/2 = s(s+1)/2 + s·c; the
-    share is s·c / (n(n+1)/2). Example: one new token over 762 cached keys, n = 38.55:
-    s = 1, share 762/763."""
-    n, c = np.asarray(seq_len, np.float64), np.asarray(cached, np.float64)
-    s = 0.5 * (np.sqrt((1.0 + 2.0 * c) ** 2 + 4.0 * n * (n + 1.0)) - (1.0 + 2.0 * c))
-    pairs = 0.5 * n * (n + 1.0)
-    return np.divide(s * c, pairs, out=np.zeros(np.broadcast(n, c).shape), where=pairs > 0)
+    """:func:`~roofcal.physics.components.attention.prefix_share` of numpy arrays."""
+    n, c = np.broadcast_arrays(np.asarray(seq_len, np.float64), np.asarray(cached, np.float64))
+    return np.asarray(prefix_share_of(np, n, c), np.float64)
 
 
 def cached_widening(share) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ def test_fit_curves_is_the_mean_log_ratio_per_shape_and_axis_value():
     # two rows at 4 tokens: ln 1.1 and ln 1.21 average to ln 1.1·√1.1 = 1.5·ln 1.1
     np.testing.assert_allclose(rs, [0.0, 1.5 * math.log(1.1)], rtol=1e-12)
     np.testing.assert_allclose(c[(2048.0, 14336.0, 2.0, 8.0, 2.0, 1.0, 0.0)][1], [math.log(1.5), 0.0])
-    assert len(curves.fit_curves("attn_decode", rows, measured, surface)) == 0
+    assert len(curves.fit_curves("elementwise", rows, measured, surface)) == 0     # no axis
     # λ: the two rows at 4 tokens price each other (the others are alone at their shape's ends):
     # |1.1·1.21^−λ − 1| + |1.21·1.1^−λ − 1| is least at λ = 0.5, where the first term is 0
     assert c.shrink == 0.5
@@ -96,6 +96,66 @@ def test_factor_interpolates_in_log2_of_one_plus_the_axis_and_holds_the_ends():
     assert curves.measured(c, "moe", (2.0,) + MIXTRAL) and not curves.measured(c, "moe", other)
 
 
+LLAMA = (32.0, 8.0, 128.0)                     # heads, kv_heads, head_dim of a decode-attention shape
+
+
+def test_attention_curves_blend_the_measured_batch_sizes_continuously():
+    # curves at 1 and 3 sequences (log2(1 + x): 1 and 2, one apart; weights 1 − d/1.5)
+    c = {LLAMA + (1.0,): (np.array([1.0, 3.0]), np.array([0.0, math.log(1.2)])),
+         LLAMA + (3.0,): (np.array([1.0, 3.0]), np.array([math.log(1.1), math.log(1.1)]))}
+    f = lambda seqs, ctx: float(curves.factor(c, "attn_decode", (seqs, ctx) + LLAMA))
+    # at a measured batch its own curve weighs 1, its neighbour 1/3: ln 1.1 / 4 at one sequence
+    assert f(1.0, 1.0) == pytest.approx(1.1 ** 0.25, rel=1e-6)
+    # halfway between (log2(1 + x) = 1.5) both weigh 2/3: the mean of the two curves
+    half = 2 ** 1.5 - 1
+    assert f(half, 1.0) == pytest.approx(math.sqrt(1.1), rel=1e-6)
+    assert f(half, 3.0) == pytest.approx(math.sqrt(1.2 * 1.1), rel=1e-6)
+    # beyond the measured batches held at the last one's blend
+    assert f(100.0, 3.0) == pytest.approx(f(3.0, 3.0), rel=1e-9)
+    assert f(3.0, 3.0) == pytest.approx(math.exp((math.log(1.1) + math.log(1.2) / 3) * 0.75), rel=1e-6)
+    # continuous in the batch size, as a step's array of sequence counts gives it
+    many = np.asarray(curves.factor(c, "attn_decode", (np.array([1.99, 2.0, 2.01]), 3.0) + LLAMA))
+    assert np.ptp(many) < 0.002
+    assert curves.factor(c, "attn_decode", (2.0, 3.0, 16.0, 8.0, 128.0)) == 1.0    # not measured
+    assert curves.measured(c, "attn_decode", (7.0, 3.0) + LLAMA)
+    # a per-op table names the sequences 'batch' (and a prefill chunk's length 'seq')
+    rows = pd.DataFrame({"batch": [half, 1.0], "context": [3.0, 1.0], "heads": [32, 16],
+                         "kv_heads": 8, "head_dim": 128})
+    factors, found = curves.row_factors(c, "attn_decode", rows)
+    np.testing.assert_allclose(factors, [math.sqrt(1.2 * 1.1), 1.0], rtol=1e-9)
+    assert found.tolist() == [True, False]
+
+
+def test_a_prefill_chunk_over_a_cached_prefix_takes_its_curve_by_its_uncached_share():
+    c = {LLAMA + (1.0,): (np.array([1.0, 1000.0]), np.array([math.log(1.5), math.log(1.5)]))}
+    f = lambda n, cached: float(curves.factor(c, "attn_prefill", (1.0, n, cached) + LLAMA))
+    assert f(38.0, 0.0) == pytest.approx(1.5, rel=1e-6)          # an uncached chunk: the whole curve
+    # one new token over 762 cached keys (its equivalent uncached chunk n = 38.55): 762 of its 763
+    # pairs are against the prefix, so 1/763 of the log-ratio
+    n = 0.5 * (math.sqrt(9.0 + 8.0 * 762) - 1.0)
+    assert f(n, 762.0) == pytest.approx(1.5 ** (1 / 763), rel=1e-6)
+    rows = pd.DataFrame({"batch": 1.0, "seq": [1.0, 38.0], "cached": [762.0, 0.0], "heads": 32,
+                         "kv_heads": 8, "head_dim": 128})                  # a table's columns
+    np.testing.assert_allclose(curves.row_factors(c, "attn_prefill", rows)[0], [1.5 ** (1 / 763), 1.5],
+                               rtol=1e-9)
+
+
+def test_attention_curves_shrink_by_leave_one_out_over_the_blend_by_hand():
+    # one shape at 1 and 3 sequences, contexts 1, 3, 7 (log2(1 + x) = 1, 2, 3)
+    x = np.tile([1.0, 3.0, 7.0], 2)
+    r = np.array([0.0, 0.1, 0.2, 0.3, 0.3, 0.3])
+    shape, group, seqs = np.repeat([0, 1], 3), np.zeros(6, int), np.repeat([1.0, 3.0], 3)
+    want, got = curves.leave_one_out_across(x, r, shape, group, seqs)
+    np.testing.assert_allclose(want, r)
+    # a middle row: its own neighbours' line (0.1 / 0.3) weighs 1, the other batch's curve 1/3;
+    # an end row has no own price, so the other batch's curve alone prices it
+    np.testing.assert_allclose(got, [0.3, (0.1 + 0.3 / 3) * 0.75, 0.3, 0.0, (0.3 + 0.1 / 3) * 0.75, 0.2])
+    rows = pd.DataFrame({"batch": seqs, "context": x, "heads": 32, "kv_heads": 8, "head_dim": 128})
+    c = curves.fit_curves("attn_decode", rows, 100.0 * np.exp(r), np.full(6, 100.0))
+    assert list(c) == [LLAMA + (1.0,), LLAMA + (3.0,)]
+    assert c.shrink == curves.shrinkage(want, got)
+
+
 def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
     c = {MIXTRAL: (np.array([1.0, 2.0, 2 ** 30]), np.array([0.012345, -0.5, -0.00001]))}
     d = yaml.safe_load(yaml.safe_dump(curves.to_dict("moe", c)))
@@ -121,8 +181,8 @@ def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
         with pytest.raises(RoofcalError, match="measured_shapes") as e:
             curves.from_dict("moe", block, where)
         assert msg in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(RoofcalError, match="only for moe, allreduce, gemm kernels"):
-        curves.from_dict("attn_decode", d, "f.yaml: field 'ops.attn_decode/bf16.measured_shapes")
+    with pytest.raises(RoofcalError, match="only for moe, allreduce, gemm, attn_prefill, attn_decode kernels"):
+        curves.from_dict("elementwise", d, "f.yaml: field 'ops.elementwise/bf16.measured_shapes")
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +238,24 @@ def test_a_shape_without_a_curve_gets_the_surfaces_band():
     assert pred.p90_us[1] / pred.predicted_us[1] == pytest.approx(bands[IV.SURFACE].p90, rel=1e-9)
     assert pred.p10_us[1] / pred.predicted_us[1] == pytest.approx(bands[IV.SURFACE].p10, rel=1e-9)
     assert bands[IV.SURFACE].p90 - bands[IV.SURFACE].p10 > 1.5 * (bands["all"].p90 - bands["all"].p10)
+
+
+def test_a_steps_attention_is_the_per_op_price_of_its_blended_shape():
+    # Llama-2-70B at TP 4 decodes with 16 query and 2 KV heads of 128 per GPU: a shape vLLM 0.14's
+    # decode table measured; 48 sequences is between its measured 32 and 64, so both curves blend
+    # (Llama-2-7B's 32 KV heads it did not measure: that model's attention is its surface's)
+    gpu = load_gpu("h100_sxm")
+    c = CI.with_kernels(CI.load("coeffs/h100_sxm.yaml", gpu), "vllm-0.14.0")
+    p = c.params["ops"]["attn_decode/bf16"]
+    assert curves.measured(p["curves"], "attn_decode", (48.0, 1023.0, 16.0, 2.0, 128.0))
+    assert not curves.measured(p["curves"], "attn_decode", (48.0, 1023.0, 32.0, 32.0, 128.0))
+    rows = pd.DataFrame({"gpu": "h100_sxm", "op": "attn_decode", "dtype": "bf16", "batch": [48.0],
+                         "context": 1023.0, "heads": 16, "kv_heads": 2, "head_dim": 128,
+                         "latency_us": 1.0, "source": "t"})
+    per_op = float(predict_table(rows, c.params, gpu).predicted_us.iloc[0])
+    surface = float(predict_table(rows, {**c.params, "ops": {"attn_decode/bf16": curves.surface_only(p)}},
+                                  gpu).predicted_us.iloc[0])
+    assert abs(per_op / surface - 1) > 0.005                  # the curves move this shape
+    step = predict([Step(decode=(1023,) * 48)], model="meta-llama/Llama-2-70b-hf", gpu="h100_sxm", tp=4,
+                   coeffs=c, stack="none", kernels="vllm-0.14.0")
+    assert float(step.attn_decode_us.iloc[0]) == pytest.approx(80 * per_op, rel=1e-4)

@@ -38,8 +38,27 @@ def prefill_attention(seqs, new_tokens, pairs, cached_tokens, heads, kv_heads, q
         + (cached_tokens + 2.0 * new_tokens) * kv_elems * kv_bytes
     per_seq = seqs + (seqs == 0)
     new, cached = new_tokens / per_seq, cached_tokens / per_seq
-    equivalent = 0.5 * (jnp.sqrt((2.0 * new + 1.0) ** 2 + 8.0 * new * cached) - 1.0)
-    return Work(flops, nbytes, (seqs, equivalent, cached, heads, kv_heads, qk_dim))
+    return Work(flops, nbytes, (seqs, equivalent_chunk(jnp, new, cached), cached, heads, kv_heads, qk_dim))
+
+
+def equivalent_chunk(xp, new, cached):
+    """The uncached chunk length n (tokens) with the causal pairs of ``new`` tokens over
+    ``cached`` ones per sequence: n(n+1)/2 = s(s+1)/2 + s·c, n = (√((2s+1)² + 8sc) − 1)/2.
+    ``xp``: numpy or jax.numpy. Example: one token over 762 cached keys: n ≈ 38.55."""
+    return 0.5 * (xp.sqrt((2.0 * new + 1.0) ** 2 + 8.0 * new * cached) - 1.0)
+
+
+def prefix_share(xp, seq_len, cached):
+    """Share of a prefill chunk's causal (query, key) pairs that are against its cached prefix,
+    in [0, 1), from its attention descriptors: the equivalent uncached chunk ``seq_len`` n and the
+    cached tokens c per sequence (tokens). The mean new tokens s solve n(n+1)/2 = s(s+1)/2 + s·c;
+    the share is s·c / (n(n+1)/2). ``xp``: numpy or jax.numpy.
+
+    Example: one new token over 762 cached keys, n = 38.55: s = 1, share 762/763."""
+    n, c = seq_len, cached
+    s = 0.5 * (xp.sqrt((1.0 + 2.0 * c) ** 2 + 4.0 * n * (n + 1.0)) - (1.0 + 2.0 * c))
+    pairs = 0.5 * n * (n + 1.0)
+    return xp.where(pairs > 0, s * c / xp.where(pairs > 0, pairs, 1.0), 0.0)
 
 
 def decode_attention(seqs, kv_tokens, heads, kv_heads, qk_dim, v_dim, kv_elems, act_bytes=2.0,
