@@ -309,7 +309,9 @@ def shrinkage(want, got) -> float:
 def groups(curves) -> dict:
     """{key without its :data:`ACROSS` value: (log2(1 + its measured values), ascending; the union
     of their curves' axis values in log2(1 + x); the blended log-ratios on that grid, (values ×
-    union))} of a curve set whose keys end in such a value (cached on a :class:`Curves`).
+    union))} of a curve set whose keys end in such a value (cached on a :class:`Curves`). A
+    single measured value or axis value is doubled one unit on, so every grid has two cells'
+    corners and a call beyond it is held.
 
     Blended: each measured value's curve averaged with its neighbours' by :func:`blend_weights`.
     On the union grid each curve is exact (its own points are among it; between them and beyond
@@ -328,7 +330,12 @@ def groups(curves) -> dict:
         union = log_axis(np.unique(np.concatenate([c[0] for c in per])))
         raw = np.stack([np.interp(union, log_axis(c[0]), np.asarray(c[1], np.float64)) for c in per])
         w = blend_weights(np, at, at)                   # (values × values), symmetric
-        out[k] = (at, union, (w @ raw) / w.sum(1, keepdims=True))
+        table = (w @ raw) / w.sum(1, keepdims=True)
+        if len(at) == 1:
+            at, table = np.array([at[0], at[0] + 1.0]), np.concatenate([table, table])
+        if len(union) == 1:
+            union, table = np.array([union[0], union[0] + 1.0]), np.concatenate([table, table], 1)
+        out[k] = (at, union, table)
     if isinstance(curves, Curves):
         curves._groups = out
     return out
@@ -371,10 +378,6 @@ def _log_ratio(xp, curve, kind: str, axis, across):
         at, rs = curve
         return xp.interp(x, xp.asarray(log_axis(at), dt), xp.asarray(rs, dt))
     at, union, table = curve
-    if len(at) == 1:                                  # one measured value: held on both sides
-        at, table = np.array([at[0], at[0] + 1.0]), np.concatenate([table, table])
-    if len(union) == 1:
-        union, table = np.array([union[0], union[0] + 1.0]), np.concatenate([table, table], 1)
     x, a = xp.broadcast_arrays(x, xp.log2(1.0 + xp.asarray(across, dt)))
     ib, tb = _cell(xp, at, a, dt)
     ix, tx = _cell(xp, union, x, dt)
@@ -384,14 +387,14 @@ def _log_ratio(xp, curve, kind: str, axis, across):
     return lo * (1.0 - tb) + hi * tb
 
 
-def uncached(xp, kind: str, seq_len, cached):
-    """How far a call's curve counts: for a prefill chunk, 1 − the share of its pairs against a
+def uncached(xp, seq_len, cached):
+    """How far a prefill chunk's curve counts: 1 − the share of its pairs against a
     cached prefix (:func:`~roofcal.physics.components.attention.prefix_share`) — the tables time
     uncached chunks, and one new token over a long prefix is the decode kernel's work, not the
     measured short chunk's that its surface lookup shares (decode rows priced as one token over
     their context: mean error 11.9 / 12.1 % with the surface alone, 13.3 / 13.0 % with the whole
-    curve, vLLM 0.14 / 0.24); 1 for other kinds."""
-    return 1.0 - prefix_share(xp, seq_len, cached) if kind == "attn_prefill" else 1.0
+    curve, vLLM 0.14 / 0.24). Other kinds' curves count fully."""
+    return 1.0 - prefix_share(xp, seq_len, cached)
 
 
 def factor(curves, kind: str, shape):
@@ -407,7 +410,7 @@ def factor(curves, kind: str, shape):
         return 1.0
     names = OP_KINDS[kind].descriptors             # the curve: constants of the program (:class:`Curves`)
     across = shape[names.index(ACROSS[kind])] if kind in ACROSS else None
-    trust = uncached(jnp, kind, *(shape[names.index(n)] for n in ("seq_len", "cached"))) \
+    trust = uncached(jnp, *(shape[names.index(n)] for n in ("seq_len", "cached"))) \
         if kind == "attn_prefill" else 1.0
     r = _log_ratio(jnp, curve, kind, shape[_positions(kind)[0]], across)
     return jnp.exp(shrink_of(curves) * trust * r)
@@ -421,7 +424,7 @@ def row_factors(curves, kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
     if not curves or kind not in AXES:
         return out, found
     keys, x = _keys_and_axis(kind, rows)
-    trust = uncached(np, kind, x, _values(rows, "cached")) if kind == "attn_prefill" else \
+    trust = uncached(np, x, _values(rows, "cached")) if kind == "attn_prefill" else \
         np.ones(len(rows))
     lookup = curves
     if kind in ACROSS:
