@@ -32,10 +32,10 @@ from roofcal.blis.sampling import (
     to_step_records,
 )
 from roofcal.cli.main import main
+from roofcal.io import sha256_file, yaml_load, yaml_text
 from roofcal.physics.config import load_model
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import load_gpu
-from roofcal.io import sha256_file
 from roofcal.physics.steps import Step, batch_steps, step_totals, uniform_steps
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -567,13 +567,13 @@ def _step_file(path: Path, **fields) -> Path:
 
 def _coeffs_copy(tmp_path, deployments, data=()) -> Path:
     """coeffs/h100_sxm.yaml recording other step deployments and measurement files."""
-    doc = yaml.safe_load(H100_COEFFS.read_text())
+    doc = yaml_load(H100_COEFFS.read_text())
     doc["fit"]["deployments"] = [{"model": m, "tp": t} for m, t in deployments]
     # the default stack's own runs would come first (default_deployments): leave fit.deployments
     doc["stacks"][doc["stack"]]["source"].pop("deployments", None)
     doc["data"] = [{"path": str(p), "sha256": sha256_file(p), "kind": "steps", "rows": 40} for p in data]
     path = tmp_path / "coeffs.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.write_text(yaml_text(doc, sort_keys=False))
     return path
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from roofcal import resources
 from roofcal.blis.run import (
@@ -35,6 +34,7 @@ from roofcal.blis.run import (
 from roofcal.blis.validate import validate, validation_text, write_validation_csv
 from roofcal.cli.main import main
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.measurements.workload import read_experiment
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -67,11 +67,11 @@ def tiny_experiment(dest: Path, name: str = "tiny-7b", source: str = CODEGEN_7B,
     out = dest / name
     (out / "results").mkdir(parents=True)
     shutil.copyfile(RUNS / source / "exp-config.yaml", out / "exp-config.yaml")
-    ran = yaml.safe_load((RUNS / source / "results" / "config.yaml").read_text())
+    ran = yaml_load((RUNS / source / "results" / "config.yaml").read_text())
     ran["data"]["shared_prefix"] = {"num_groups": 1, "num_prompts_per_group": 1, "system_prompt_len": PROMPT,
                                     "question_len": QUESTION, "output_len": OUT}
     ran["load"]["stages"] = [{"rate": r, "duration": d} for r, d in stages]
-    (out / "results" / "config.yaml").write_text(yaml.safe_dump(ran))
+    (out / "results" / "config.yaml").write_text(yaml_text(ran))
     n = sum(int(r * d) for r, d in stages)
     results = {"load_summary": {"count": n},
                "successes": {"count": n, "latency": {"request_latency": {"mean": truth_e2e_s, "max": truth_e2e_s,

@@ -4,10 +4,10 @@ kernels a set has no rows of borrowed, and the set a prediction uses chosen by s
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from roofcal.calibration.fit import FitSettings, fit, row_labels, split_rows
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.measurements.datasets import microbench_table
 from roofcal.measurements.ops import kernel_set_of, kernel_set_order, read_ops
 from roofcal.model import coeffs as coeff_io
@@ -98,7 +98,7 @@ def test_sets_round_trip_through_the_file(two_sets, tmp_path):
     c = two_sets[0].coeffs
     path = tmp_path / "c.yaml"
     coeff_io.save(c, path)
-    doc = yaml.safe_load(path.read_text())
+    doc = yaml_load(path.read_text())
     assert doc["schema"] == "roofcal-coeffs/3" and doc["kernels"] == NEW
     assert list(doc["kernel_sets"]) == [OLD, NEW]
     assert doc["kernel_sets"][NEW]["borrowed"] == {"gemm/fp8_block": OLD}
@@ -129,12 +129,12 @@ def test_a_stack_brings_the_set_it_was_calibrated_with():
 
 def test_an_older_file_reads_as_one_set_named_after_its_data(tmp_path):
     c = coeff_io.load("coeffs/a100_sxm.yaml")
-    doc = yaml.safe_load(open("coeffs/a100_sxm.yaml"))
+    doc = yaml_load(open("coeffs/a100_sxm.yaml").read())
     ks = doc.pop("kernel_sets")[doc.pop("kernels")]
     doc.update(schema="roofcal-coeffs/2", ops=ks["ops"], intervals=ks["intervals"])
     doc["metrics"] = {s: {**ks["metrics"][s], **doc["metrics"].get(s, {})} for s in ("train", "heldout")}
     p = tmp_path / "old.yaml"
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    p.write_text(yaml_text(doc, sort_keys=False))
     back = coeff_io.load(p)
     assert list(back.kernel_sets) == [OLD]                     # from data/microbench/.../vllm-0.14.0/
     assert back.kernel_set.metrics == c.kernel_set.metrics and back.kernel_set.data == c.kernel_set.data
@@ -146,14 +146,14 @@ def test_a_file_from_before_the_two_stage_flag_predicts_as_it_was_fitted(tmp_pat
     # pinned at 0 and its terms at 0: on one-stage rows it is the same surface as the file's own,
     # on two-stage rows it no longer sees the flag
     from roofcal.model.predict import predict_table
-    doc = yaml.safe_load(open("coeffs/a100_sxm.yaml"))
+    doc = yaml_load(open("coeffs/a100_sxm.yaml").read())
     for op in doc["kernel_sets"][OLD]["ops"].values():
         if "two_stage" in op["range"]:
             del op["range"]["two_stage"]
             for name in ("compute_efficiency", "memory_efficiency"):
                 op[name] = {t: v for t, v in op[name].items() if "two_stage" not in t}
     p = tmp_path / "before.yaml"
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    p.write_text(yaml_text(doc, sort_keys=False))
     before, now = coeff_io.load(p), coeff_io.load("coeffs/a100_sxm.yaml")
     ar = before.params["ops"]["allreduce/custom"]
     assert float(ar["lo"][3]) == float(ar["hi"][3]) == 0.0
@@ -173,7 +173,7 @@ def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_
     # which its surface was not fitted to, so reading it warns, naming the field
     from roofcal.errors import RoofcalWarning
     from roofcal.model.predict import predict_table
-    doc = yaml.safe_load(open("coeffs/h100_sxm.yaml"))
+    doc = yaml_load(open("coeffs/h100_sxm.yaml").read())
     for ks in doc["kernel_sets"].values():
         for key, op in ks["ops"].items():
             if key.startswith("gemm/"):
@@ -181,7 +181,7 @@ def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_
                 for name in ("compute_efficiency", "memory_efficiency"):
                     op[name] = {t: v for t, v in op[name].items() if "tile_config" not in t}
     p = tmp_path / "before.yaml"
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    p.write_text(yaml_text(doc, sort_keys=False))
     with pytest.warns(RoofcalWarning) as said:
         before = coeff_io.load(p)
     assert [str(w.message).split(" was fitted")[0] for w in said] == \

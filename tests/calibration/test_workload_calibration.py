@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from roofcal.calibration import workload as W
+from roofcal.io import yaml_load, yaml_text
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 RUNS = SHARED / "workload" / "default_args"
@@ -76,9 +77,9 @@ def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):
     src = RUNS / "20260217-155451-llama-2-7b-tp1-codegen"
     exp_dir = tmp_path / "short-7b"
     shutil.copytree(src, exp_dir)
-    ran = yaml.safe_load((exp_dir / "results" / "config.yaml").read_text())
+    ran = yaml_load((exp_dir / "results" / "config.yaml").read_text())
     ran["load"]["stages"] = [{"rate": 5, "duration": 20}]
-    (exp_dir / "results" / "config.yaml").write_text(yaml.safe_dump(ran))
+    (exp_dir / "results" / "config.yaml").write_text(yaml_text(ran))
     shutil.copyfile(exp_dir / "results" / "stage_0_lifecycle_metrics.json",
                     exp_dir / "results" / "summary_lifecycle_metrics.json")
     (exp_dir / "results" / "stage_1_lifecycle_metrics.json").unlink()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.measurements.workload import (
     Measured,
     PromptPool,
@@ -181,9 +181,9 @@ def _edit_json(path: Path, edit) -> None:
 
 
 def _edit_yaml(path: Path, edit) -> None:
-    d = yaml.safe_load(path.read_text())
+    d = yaml_load(path.read_text())
     edit(d)
-    path.write_text(yaml.safe_dump(d))
+    path.write_text(yaml_text(d))
 
 
 def _edit_config(path: Path, edit) -> None:

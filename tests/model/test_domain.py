@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
+from roofcal.io import yaml_load
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import domain
 from roofcal.model.predict import predict, predict_ops
@@ -26,7 +26,7 @@ H100_FILE, A100_FILE = "coeffs/h100_sxm.yaml", "coeffs/a100_sxm.yaml"
 def file_range(path, key, descriptor, steps=True):
     """A kernel's fitted range in the kernel set a prediction uses: for steps the default stack's
     set, for per-op rows the file's default."""
-    doc = yaml.safe_load(open(path))
+    doc = yaml_load(open(path).read())
     ks = doc["stacks"][doc["stack"]]["source"].get("kernels", doc["kernels"]) if steps else doc["kernels"]
     return doc["kernel_sets"][ks]["ops"][key]["range"][descriptor]
 

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import yaml
 
 from roofcal.calibration import conformal
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import intervals as IV
 from roofcal.model.predict import predict
@@ -101,7 +101,7 @@ def test_kernel_step_interval_by_hand():
 
 def test_shipped_h100_file_has_bands_from_its_heldout_rows():
     c = coeff_io.load(H100_FILE)
-    doc = yaml.safe_load(open(H100_FILE))
+    doc = yaml_load(open(H100_FILE).read())
     # every kernel variant has a band from its held-out rows, or its kind pools (all-reduce
     # variants hold out 14 / 14 / 25 rows, fewer than 30)
     for key, m in doc["metrics"]["heldout"].items():
@@ -145,16 +145,16 @@ def test_step_predictions_carry_intervals():
 
 
 def test_bad_band_in_a_file_is_refused(tmp_path):
-    doc = yaml.safe_load(open(H100_FILE))
+    doc = yaml_load(open(H100_FILE).read())
     doc["kernel_sets"]["vllm-0.24.0"]["intervals"]["ops"]["gemm/bf16"]["all"]["p10"] = 1.5   # above p90
     p = tmp_path / "bad.yaml"
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    p.write_text(yaml_text(doc, sort_keys=False))
     with pytest.raises(RoofcalError, match="kernel_sets.vllm-0.24.0.intervals.ops.gemm/bf16.all' has p10 1.5 "
                                            "above p90"):
         coeff_io.load(p)
-    doc = yaml.safe_load(open(H100_FILE))
+    doc = yaml_load(open(H100_FILE).read())
     doc["stacks"]["splitwise"]["intervals"]["decode"] = {"p10": 0.9}
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    p.write_text(yaml_text(doc, sort_keys=False))
     with pytest.raises(RoofcalError, match="stacks.splitwise.intervals.decode' must give p10, p90 and n"):
         coeff_io.load(p)
 
@@ -195,7 +195,7 @@ def test_trace_steps_show_cycle_and_gpu_side():
                    "predicted_gpu_us", "overhead_us", "overlap_us"))
     # the GPU side is the kernels plus the GPU overheads: launch gaps on 80 layers and
     # synchronisation on 2 all-reduces per layer with 3 peers each
-    o = yaml.safe_load(open(H100_FILE))["stacks"]["vllm"]["overheads_us"]
+    o = yaml_load(open(H100_FILE).read())["stacks"]["vllm"]["overheads_us"]
     gpu_overheads = 80 * o["layer_us"] + 2 * 80 * 3 * o["allreduce_peer_us"]
     assert r.predicted_gpu_us == pytest.approx(kernels + gpu_overheads, rel=1e-5)
     # the cycle adds the CPU work less what hides behind the GPU

@@ -5,9 +5,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
 
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
 from roofcal.model.coeffs import Coefficients, Stack
@@ -66,7 +66,7 @@ def test_stacks_round_trip_through_the_file_with_their_source(tmp_path):
     c = coeff_io.add_stack(c, "vllm", _stack(2000.0, 50.0, q=3.0, source={"kind": "workload calibration"}), default=True)
     path = tmp_path / "c.yaml"
     coeff_io.save(c, path)
-    doc = yaml.safe_load(path.read_text())
+    doc = yaml_load(path.read_text())
     assert doc["schema"] == "roofcal-coeffs/3" and doc["stack"] == "vllm"
     assert doc["stacks"]["vllm"]["overlap_sharpness"] == pytest.approx(3.0)
     assert doc["stacks"]["vllm"]["overheads_us"]["step_us"] == pytest.approx(2000.0)
@@ -115,7 +115,7 @@ def test_bad_stack_fields_are_refused_with_the_field_named(tmp_path):
 
 def test_schema_1_files_read_as_one_named_stack(tmp_path):
     c = coeff_io.add_stack(Coefficients.neutral(H100), "x", _stack(300.0))
-    doc = yaml.safe_load(coeff_io.to_yaml(c))
+    doc = yaml_load(coeff_io.to_yaml(c))
     st = doc.pop("stacks")["x"]
     doc.pop("stack")
     ks = doc.pop("kernel_sets")[doc.pop("kernels")]
@@ -123,7 +123,7 @@ def test_schema_1_files_read_as_one_named_stack(tmp_path):
     doc["schema"] = "roofcal-coeffs/1"
     doc["step"] = {k: st[k] for k in ("overheads_us", "kernel_scales", "mix_sharpness")}
     path = tmp_path / "old.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.write_text(yaml_text(doc, sort_keys=False))
     back = coeff_io.load(path)
     assert back.stack == "schema-1" and back.stacks["schema-1"].source == {"kind": "schema-1 file"}
     assert float(np.exp(back.params["step"]["overheads"][0])) == pytest.approx(300.0, rel=1e-6)

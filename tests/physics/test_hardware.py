@@ -1,9 +1,9 @@
 """GPU datasheets: bundled files, lookup, and refusal of bad or sparse figures."""
 
 import pytest
-import yaml
 
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.physics.hardware import bundled_gpus, load_gpu, parse_datasheet
 
 REQUIRED = {"h100_sxm", "h100_pcie", "h200_sxm", "a100_sxm", "a100_pcie_40gb", "l40s", "l4", "b200"}
@@ -37,7 +37,7 @@ def test_aliases_including_blis_names():
 
 
 def _sheet(**over):
-    d = yaml.safe_load(open("roofcal/physics/hardware/l40s.yaml"))
+    d = yaml_load(open("roofcal/physics/hardware/l40s.yaml").read())
     d.update(over)
     return d
 
@@ -72,7 +72,7 @@ def test_bad_values_named():
 
 def test_datasheet_from_path(tmp_path):
     p = tmp_path / "my.yaml"
-    p.write_text(yaml.safe_dump(_sheet(name="my_gpu")))
+    p.write_text(yaml_text(_sheet(name="my_gpu")))
     assert load_gpu(str(p)).name == "my_gpu"
     with pytest.raises(RoofcalError, match="unknown GPU 'h900'"):
         load_gpu("h900")

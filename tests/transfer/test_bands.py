@@ -5,11 +5,10 @@ import math
 
 import numpy as np
 import pytest
-import yaml
 
 from roofcal.calibration import conformal
 from roofcal.errors import RoofcalError
-from roofcal.io import sha256_file
+from roofcal.io import sha256_file, yaml_load, yaml_text
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import intervals as IV
 from roofcal.physics.hardware import load_gpu
@@ -42,7 +41,7 @@ def test_widen_joins_own_and_transfer_bands():
 
 
 def test_shipped_transfer_bands_match_the_shipped_fits():
-    doc = yaml.safe_load(open(TB.DEFAULT_PATH))
+    doc = yaml_load(open(TB.DEFAULT_PATH).read())
     for gpu, src in doc["from"].items():
         assert sha256_file(src["file"]) == src["sha256"], f"{TB.DEFAULT_PATH} is stale for {gpu}: " \
             "rerun 'roofcal gpu transfer-bands'"
@@ -71,9 +70,9 @@ def test_bootstrap_carries_widened_bands():
 
 def test_bad_transfer_bands_file(tmp_path):
     p = tmp_path / "tb.yaml"
-    doc = yaml.safe_load(open(TB.DEFAULT_PATH))
+    doc = yaml_load(open(TB.DEFAULT_PATH).read())
     doc["bands"]["gemm"]["p10"] = -1
-    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    p.write_text(yaml_text(doc, sort_keys=False))
     with pytest.raises(RoofcalError, match=r"field 'bands.gemm.p10' must be a positive ratio"):
         TB.load(p)
 

@@ -6,8 +6,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
 
+from roofcal.io import yaml_load, yaml_text
 from roofcal.model import coeffs as coeff_io
 from roofcal.model import correction as K
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap, shift_polynomial
@@ -96,7 +96,7 @@ def test_file_states_assumptions_and_is_byte_identical(tmp_path):
         assert main(["gpu", "bootstrap", "--datasheet", "a100", "--from", "coeffs/h100_sxm.yaml",
                      "--out", str(out)]) == 0
     assert outs[0].read_bytes() == outs[1].read_bytes()
-    doc = yaml.safe_load(outs[0].read_text())
+    doc = yaml_load(outs[0].read_text())
     assert doc["calibrated"] is False and doc["gpu"]["name"] == "a100_sxm"
     assert doc["fit"]["bootstrap"]["rule"] == DEFAULT_RULE
     assert any("latencies" in n for n in doc["notes"]) and any("datasheet" in n for n in doc["notes"])
@@ -126,10 +126,10 @@ def test_refusals(tmp_path, capsys):
 
 
 def _sheet(tmp_path, **over):
-    d = yaml.safe_load(open("roofcal/physics/hardware/l40s.yaml"))
+    d = yaml_load(open("roofcal/physics/hardware/l40s.yaml").read())
     d.update(over)
     p = tmp_path / "new.yaml"
-    p.write_text(yaml.safe_dump(d))
+    p.write_text(yaml_text(d))
     return p
 
 
