@@ -477,6 +477,31 @@ def _numbers(v, where: str, low: float = -math.inf) -> np.ndarray:
     return x
 
 
+def _lines(values: list, where_of, low: float = -math.inf) -> tuple[list, np.ndarray]:
+    """Many lines of numbers (:func:`_numbers`) parsed and checked in one pass: (the arrays, their
+    lengths). A bad line is named by its own parse (``where_of(i)``: its field)."""
+    if all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
+        texts = [str(v) for v in values]                 # a one-number line reads as a number
+        counts = np.array([len(t.split()) for t in texts], np.int64)
+        try:
+            flat = np.array(" ".join(texts).split(), np.float64)
+        except ValueError:
+            flat = None
+        if flat is not None and counts.all() and np.isfinite(flat).all() and not (flat < low).any():
+            return np.split(flat, np.cumsum(counts)[:-1]), counts
+    return [_numbers(v, where_of(i), low) for i, v in enumerate(values)], None
+
+
+def _ascending(lines: list, counts: np.ndarray) -> bool:
+    """Whether every line (lengths ``counts``, none empty) ascends strictly: one diff over all of
+    them, the steps from one line's last value to the next's first left out."""
+    if not lines:
+        return True
+    up = np.diff(np.concatenate(lines)) > 0
+    up[np.cumsum(counts)[:-1] - 1] = True
+    return bool(up.all())
+
+
 def from_dict(kind: str, d, where: str) -> Curves:
     """The curves of a file block (:func:`to_dict`); ``where``: ``<file>: field 'ops.<key>.measured_shapes``
     (without the closing quote), for one-line errors. A block without ``shrink`` (written before
@@ -492,17 +517,22 @@ def from_dict(kind: str, d, where: str) -> Curves:
         raise RoofcalError(f"{where}' must have axis {AXES[kind]} and shape '{' '.join(KEYS[kind])}'")
     if not isinstance(d["curves"], list):
         raise RoofcalError(f"{where}.curves' must be a list")
-    out = {}
-    for i, c in enumerate(d["curves"]):
-        at_ = f"{where}.curves[{i}]"
+    cs = d["curves"]
+    for i, c in enumerate(cs):
         if not isinstance(c, dict) or set(c) != {"shape", "at", "log_ratio"}:
-            raise RoofcalError(f"{at_}' must be a mapping of shape, at and log_ratio")
-        key = _numbers(c["shape"], f"{at_}.shape", 0.0)
-        at = _numbers(c["at"], f"{at_}.at", 0.0)
-        rs = _numbers(c["log_ratio"], f"{at_}.log_ratio")
+            raise RoofcalError(f"{where}.curves[{i}]' must be a mapping of shape, at and log_ratio")
+    field = lambda name: lambda i: f"{where}.curves[{i}].{name}"
+    keys, _ = _lines([c["shape"] for c in cs], field("shape"), 0.0)
+    ats, n_at = _lines([c["at"] for c in cs], field("at"), 0.0)
+    rss, n_rs = _lines([c["log_ratio"] for c in cs], field("log_ratio"))
+    checked = n_at is not None and np.array_equal(n_at, n_rs) and _ascending(ats, n_at)
+    out = {}
+    for i, (key, at, rs) in enumerate(zip(keys, ats, rss)):
         if len(key) != len(KEYS[kind]):
-            raise RoofcalError(f"{at_}.shape' must give {len(KEYS[kind])} values ({', '.join(KEYS[kind])})")
-        if len(rs) != len(at) or np.any(np.diff(at) <= 0):
-            raise RoofcalError(f"{at_}' must give ascending 'at' values and one log_ratio for each")
+            raise RoofcalError(f"{where}.curves[{i}].shape' must give {len(KEYS[kind])} values "
+                               f"({', '.join(KEYS[kind])})")
+        if not checked and (len(rs) != len(at) or np.any(np.diff(at) <= 0)):
+            raise RoofcalError(f"{where}.curves[{i}]' must give ascending 'at' values and one "
+                               f"log_ratio for each")
         out[shape_key(key)] = (at, rs)
     return Curves(out, float(shrink))

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from roofcal.errors import RoofcalError
+from roofcal.io import yaml_load, yaml_text
 from roofcal.measurements import datasets
 from roofcal.model import coeffs as CI
 from roofcal.model import correction as K
@@ -158,7 +158,7 @@ def test_attention_curves_shrink_by_leave_one_out_over_the_blend_by_hand():
 
 def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
     c = {MIXTRAL: (np.array([1.0, 2.0, 2 ** 30]), np.array([0.012345, -0.5, -0.00001]))}
-    d = yaml.safe_load(yaml.safe_dump(curves.to_dict("moe", c)))
+    d = yaml_load(yaml_text(curves.to_dict("moe", c)))
     assert d["curves"][0] == {"shape": "4096 14336 2 8 2 1 0", "at": "1 2 1073741824",
                               "log_ratio": "0.0123 -0.5 0"}
     back = curves.from_dict("moe", d, "f.yaml: field 'ops.moe/bf16.measured_shapes")
@@ -181,6 +181,21 @@ def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
         with pytest.raises(RoofcalError, match="measured_shapes") as e:
             curves.from_dict("moe", block, where)
         assert msg in str(e.value) and "\n" not in str(e.value)
+    # many curves are read in one pass; the bad one is still named, and a one-number line (which
+    # YAML reads as a number) is a line too
+    three = [d["curves"][0], {**d["curves"][0], "shape": "4096 14336 2 8 4 1 0"},
+             {**d["curves"][0], "shape": "4096 14336 2 8 8 1 0", "at": 16, "log_ratio": -0.25}]
+    many = curves.from_dict("moe", {**d, "curves": three}, where)
+    assert len(many) == 3 and many[MIXTRAL[:4] + (8.0, 1.0, 0.0)][0].tolist() == [16.0]
+    for i, change, msg in [(1, {"at": "1 inf 3"}, "curves[1].at' must be a line of finite numbers"),
+                           (1, {"at": "1 3 2"}, "curves[1]' must give ascending"),
+                           (2, {"log_ratio": "0 1"}, "curves[2]' must give ascending 'at' values and one"),
+                           (2, {"shape": "4096 14336 2 8 -8 1 0"}, "curves[2].shape' must be a line of "
+                                                                  "finite numbers ≥ 0")]:
+        block = {**d, "curves": [c if j != i else {**c, **change} for j, c in enumerate(three)]}
+        with pytest.raises(RoofcalError) as e:
+            curves.from_dict("moe", block, where)
+        assert msg in str(e.value), (change, str(e.value))
     with pytest.raises(RoofcalError, match="only for moe, allreduce, gemm, attn_prefill, attn_decode kernels"):
         curves.from_dict("elementwise", d, "f.yaml: field 'ops.elementwise/bf16.measured_shapes")
 
