@@ -477,9 +477,9 @@ def _numbers(v, where: str, low: float = -math.inf) -> np.ndarray:
     return x
 
 
-def _lines(values: list, where_of, low: float = -math.inf) -> tuple[list, np.ndarray]:
+def _lines(values: list, where_of, low: float = -math.inf) -> tuple[list, np.ndarray | None]:
     """Many lines of numbers (:func:`_numbers`) parsed and checked in one pass: (the arrays, their
-    lengths). A bad line is named by its own parse (``where_of(i)``: its field)."""
+    lengths). A bad line is named by its own parse (``where_of(i)``: its field), which raises."""
     if all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
         texts = [str(v) for v in values]                 # a one-number line reads as a number
         counts = np.array([len(t.split()) for t in texts], np.int64)
