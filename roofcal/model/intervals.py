@@ -21,6 +21,7 @@ Everything here is NumPy on arrays of rows, outside the jitted hot path.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -196,7 +197,7 @@ def call_distance(ops: dict, call) -> np.ndarray:
     low, high = domain.log2_bounds(call.kind, p)
     d = [domain.excess(np.log2(1.0 + np.asarray(call.work.shape[j], np.float64))[..., None],
                        low[j:j + 1], high[j:j + 1])[..., 0] for j in domain.checked(call.kind)]
-    return np.max(np.broadcast_arrays(*d), axis=0) if d else np.zeros(())
+    return functools.reduce(np.maximum, d) if d else np.zeros(())     # broadcasts, no (descriptors, S) stack
 
 
 def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict | None = None
@@ -244,6 +245,11 @@ def kernel_step_interval(bands: dict, calls: dict, parts: dict, total, ops: dict
     return np.maximum(lo, 0.0), hi, covered, extrapolated, cached
 
 
+#: every basis text, at 4 × (index in BASES) + (1 if EXTRAPOLATED) + (2 if CACHED)
+_BASIS_TEXTS = tuple(b + (EXTRAPOLATED if m & 1 else "") + (CACHED if m & 2 else "") for b in BASES
+                     for m in range(4))
+
+
 def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, total, totals, ops: dict | None = None):
     """(p10 µs, p90 µs, basis) of whole steps: the union of the stack's phase band (phase from
     the :class:`~roofcal.physics.steps.StepTotals` ``totals``) and the kernels' band
@@ -262,9 +268,8 @@ def step_interval(bands: dict, stack_bands: dict, calls: dict, parts: dict, tota
     none = ~has_stack & ((klo == khi) | (covered <= 0))
     code = np.where(has_stack, 0, np.where(covered < 1.0, 2, 1))
     code[none] = 3
-    basis = np.asarray(BASES, object)[code]
-    basis = np.where(extrapolated & ~none, basis + EXTRAPOLATED, basis).astype(object)
-    basis = np.where(cached & ~none, basis + CACHED, basis).astype(object)
+    marks = (extrapolated & ~none) + 2 * (cached & ~none)           # 0–3: which suffixes
+    basis = np.asarray(_BASIS_TEXTS, object)[4 * code + marks]       # one lookup, no string ops per step
     lo[none], hi[none] = np.nan, np.nan
     return lo, hi, basis
 

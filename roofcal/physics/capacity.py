@@ -331,16 +331,18 @@ def kv_blocks_needed(batch, block_size: int = 16) -> np.ndarray:
     """KV blocks each step of a :class:`~roofcal.physics.steps.StepBatch` holds: every sequence
     rounded up to whole blocks — ⌈(cached + new) / block⌉ per prefill chunk, ⌈(context + 1) /
     block⌉ per decode (masks count as multiplicities). 100,000 one-token decodes hold 100,000
-    blocks, not 100,000 / 16 × 2."""
-    pm, dm = np.asarray(batch.prefill_mask, np.float64), np.asarray(batch.decode_mask, np.float64)
-    pf = np.ceil((np.asarray(batch.prefill_cached, np.float64) + np.asarray(batch.prefill_new, np.float64)) / block_size)
-    dc = np.ceil((np.asarray(batch.decode_ctx, np.float64) + 1.0) / block_size)
-    return (pm * pf).sum(1) + (dm * dc).sum(1)
+    blocks, not 100,000 / 16 × 2. Computed in the batch's own dtype (float32: token counts and
+    block counts exact below 2^24) and summed per step in float64."""
+    pm, dm = np.asarray(batch.prefill_mask), np.asarray(batch.decode_mask)
+    pf = np.ceil((np.asarray(batch.prefill_cached) + np.asarray(batch.prefill_new)) / block_size)
+    dc = np.ceil((np.asarray(batch.decode_ctx) + 1) / block_size)
+    return (pm * pf).sum(1, dtype=np.float64) + (dm * dc).sum(1, dtype=np.float64)
 
 
 def sequences(batch) -> np.ndarray:
     """Sequences in each step of a batch (prefill chunks + decodes)."""
-    return np.asarray(batch.prefill_mask, np.float64).sum(1) + np.asarray(batch.decode_mask, np.float64).sum(1)
+    return np.asarray(batch.prefill_mask).sum(1, dtype=np.float64) + \
+        np.asarray(batch.decode_mask).sum(1, dtype=np.float64)
 
 
 def fits(cap: Capacity, batch) -> np.ndarray:
