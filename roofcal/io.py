@@ -200,14 +200,14 @@ def yaml_load(text: str):
     (35 ms), so a caller may change what it gets."""
     import copy
     import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     if len(text) < PARSED_FROM:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return yaml.load(text, Loader=loader)
     key = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if key not in _PARSED:
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         while len(_PARSED) >= PARSED_KEPT:
             _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = doc
+        _PARSED[key] = yaml.load(text, Loader=loader)
     return copy.deepcopy(_PARSED[key])
 
 

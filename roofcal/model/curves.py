@@ -268,10 +268,10 @@ def leave_one_out_across(x, r, shape, group, across) -> tuple[np.ndarray, np.nda
         weights = blend_weights(np, la[idx], at)
         num, den = np.zeros(len(idx)), np.zeros(len(idx))
         for a, w in zip(at, weights):
-            j = idx[la[idx] == a]
+            mine = la[idx] == a
+            j = idx[mine]
             pts, pos = np.unique(x[j], return_inverse=True)
             pos = pos.reshape(-1)
-            mine = la[idx] == a
             v = np.where(mine, own[idx], np.interp(lx[idx], log_axis(pts),
                                                    np.bincount(pos, weights=r[j]) / np.bincount(pos)))
             w = w * ~(mine & ~has_own[idx])
