@@ -29,7 +29,7 @@ def _frozen(a, dtype) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Requests:
-    """Columns of one run's requests, one entry per request, sorted by ``request_id``.
+    """Columns of one run's requests, one entry per request, in the order they were sent.
 
     ``send_us``: when the client sent it (µs from the start); ``prefix_group`` (``""``: none),
     ``prefix_len`` / ``suffix_len``: its prompt (tokens, see the module docstring);

@@ -26,7 +26,8 @@ The TraceV2 format is BLIS's (inference-sim ``sim/workload/tracev2.go``): a head
 :data:`COLUMNS`, with BLIS's optional ``vllm_priority`` (after ``slo_class``), ``slo_target_us``
 (after ``deadline_us``) and trailing ``x_request_id``, ``adapter``, ``think_time_us``. roofcal reads:
 
-* the request: ``request_id`` (increasing, unique), ``send_time_us`` (``arrival_time_us`` when it
+* the request: ``request_id`` (unique, in any order: ``blis observe`` writes rows as requests
+  complete; roofcal orders them by send time, ties by id), ``send_time_us`` (``arrival_time_us`` when it
   is 0), ``prefix_group`` / ``prefix_length`` / ``input_tokens`` (suffix only when in a group;
   ``server_input_tokens`` replaces it outside a group, as BLIS's replay does),
   ``output_tokens`` (generated), ``deadline_us``;
@@ -37,8 +38,7 @@ The TraceV2 format is BLIS's (inference-sim ``sim/workload/tracev2.go``): a head
 
 Times may be absolute (``blis observe`` writes the wall clock in µs); the run is replayed from
 its first send. Anything else is refused with one line naming the file, line and column: unknown
-or misplaced columns, a missing, non-integer or negative value, request ids out of order or
-repeated, a success without a first and last chunk in order, a run without a success, a header key
+or misplaced columns, a missing, non-integer or negative value, a repeated request id, a success without a first and last chunk in order, a run without a success, a header key
 BLIS would not know, and a KV-offload block (roofcal replays without a CPU KV tier).
 """
 
@@ -188,7 +188,7 @@ def read_data(path: str | Path) -> Requests:
             raise RoofcalError(f"{path}: line 1, column {k + 1} '{head[k]}': out of order (BLIS reads "
                                f"columns by position; expected '{want[k]}' there)")
         at = {c: i for i, c in enumerate(head)}
-        prev = -1
+        seen: dict[int, int] = {}               # request id → its line
         try:
             for row in reader:
                 line = reader.line_num
@@ -198,10 +198,10 @@ def read_data(path: str | Path) -> Requests:
                     raise RoofcalError(f"{path}: line {line}: {len(row)} fields, expected {len(head)}")
                 v = {c: _cell_int(row[at[c]], path, line, c) for c in INT_COLUMNS}
                 rid = v["request_id"]
-                if rid <= prev:
-                    raise RoofcalError(f"{path}: line {line}, column 'request_id': {rid} "
-                                       + ("repeats an earlier id" if rid == prev else f"after {prev} (ids must increase)"))
-                prev = rid
+                if rid in seen:
+                    raise RoofcalError(f"{path}: line {line}, column 'request_id': {rid} repeats the id "
+                                       f"of line {seen[rid]}")
+                seen[rid] = line
                 send = v["send_time_us"] or v["arrival_time_us"]
                 # a deadline is on the arrival clock; keep its distance from the send
                 arrival = v["arrival_time_us"] or send
@@ -231,12 +231,14 @@ def read_data(path: str | Path) -> Requests:
             raise RoofcalError(f"{path}: not a UTF-8 text file") from None
     if not cols["request_id"]:
         raise RoofcalError(f"{path}: no requests (only the header line)")
-    n = len(cols["request_id"])
-    return Requests(request_id=cols["request_id"], send_us=cols["send"],
-                    prefix_group=np.array(cols["group"], dtype=object), prefix_len=cols["prefix"],
-                    suffix_len=cols["suffix"], output_tokens=cols["out"], deadline_us=cols["deadline"],
-                    stage=np.zeros(n, np.int64), first_chunk_us=cols["first"], last_chunk_us=cols["last"],
-                    ok=cols["ok"])
+    # in the order the client sent them (``blis observe`` writes rows as requests complete)
+    order = np.lexsort((np.asarray(cols["request_id"]), np.asarray(cols["send"])))
+    pick = lambda key, dtype=None: np.asarray(cols[key], dtype)[order]
+    return Requests(request_id=pick("request_id"), send_us=pick("send"),
+                    prefix_group=pick("group", object), prefix_len=pick("prefix"),
+                    suffix_len=pick("suffix"), output_tokens=pick("out"), deadline_us=pick("deadline"),
+                    stage=np.zeros(len(order), np.int64), first_chunk_us=pick("first"),
+                    last_chunk_us=pick("last"), ok=pick("ok"))
 
 
 def relative(req: Requests) -> Requests:
