@@ -16,6 +16,8 @@ TRANSFER_BANDS = COEFFS / "transfer_bands.yaml"
 DATA = ROOT / "data"
 MICROBENCH = DATA / "microbench"
 STEPS = DATA / "steps"
+#: sustained-load measurements per GPU (``<gpu>/``), for the power model (roofcal.calibration.power)
+SUSTAINED = DATA / "sustained"
 BLIS = DATA / "blis"
 BLIS_DEFAULTS = BLIS / "defaults.yaml"
 BLIS_HARDWARE = BLIS / "hardware_config.json"

@@ -337,17 +337,90 @@ def deployment_cycle(coeffs: Coefficients, target: Target, api_us: float, alphas
     return {**parts, "cycle_us": parts["step_us"], "cycle_delay_us": cycles * parts["step_us"], "load": how}
 
 
+@dataclass(frozen=True)
+class Clock:
+    """The clock an export is distilled at: ``compute_scale`` (how much longer compute-bound
+    time runs than in the per-op bursts; 1 at the boost clock), the request-weighted mean over
+    the ``stages`` it was taken from — (run, rate req/s, :class:`~roofcal.model.operating.
+    OperatingPoint`) — and how it was chosen (``how``)."""
+
+    compute_scale: float
+    how: str
+    stages: tuple = ()
+
+    def text(self) -> str:
+        return self.how
+
+
+def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str = "sustained",
+                    seed: int = 42) -> Clock:
+    """The operating point of the targets' load (:data:`roofcal.model.operating.CLOCKS`): with
+    ``sustained``, each stage of their runs at the clock its steady-state stream allows the GPU
+    under its power limit (:func:`roofcal.model.serving.operating_points`; without runs, the
+    deployment's limit steps of :func:`mixes` as one stream), their compute scales averaged with
+    the stages' requests as weights; with ``burst``, the per-op tables' boost clock."""
+    import jax.numpy as jnp
+
+    from roofcal.model.operating import burst, operating_point, power_of
+    from roofcal.model.serving import loads_of, operating_points, step_grid
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    gpu = load_gpu(coeffs.gpu)
+    pm = power_of(coeffs, gpu)
+    if clock == "burst":
+        return Clock(1.0, "burst clock (as the per-op tables were timed; --clock burst)")
+    if pm is None:
+        return Clock(1.0, f"burst clock (datasheet {gpu.name} gives no power limit)")
+    stages, weights = [], []
+    alphas = jnp.asarray(_stack_alphas(coeffs), jnp.float32)
+    for t in targets:
+        spec, tp = load_model(t.deployment.model), int(t.deployment.tp)
+        if not t.experiments:
+            sat = mixes(coeffs, t, seed).get("saturated")
+            if sat is not None:
+                stages.append((t.stem, math.nan, operating_point(pm, coeffs.params, spec, gpu, tp, sat.batch)))
+                weights.append(1.0)
+            continue
+        for e in t.experiments:
+            loads = loads_of(e, seed)
+            ops = operating_points(pm, coeffs.params, spec, gpu, tp, loads, [step_grid(ld) for ld in loads], alphas,
+                                   stack_first_token_cycles(coeffs))
+            stages += [(e.name, ld.rate, op) for ld, op in zip(loads, ops)]
+            weights += [ld.requests for ld in loads]
+    if not stages:
+        return Clock(1.0, "burst clock (no load to take a clock from)")
+    w = np.asarray(weights, np.float64)
+    scale = float(np.dot(w, [op.compute_scale for _, _, op in stages]) / w.sum())
+    busiest = max(stages, key=lambda st: st[2].demand_w)
+    if scale <= 1.0 + 1e-9:
+        how = (f"boost clock: every stage within the {pm.limit_w:,.0f} W limit (the busiest, {busiest[0]}"
+               + (f" at {busiest[1]:g} req/s" if math.isfinite(busiest[1]) else "")
+               + f", draws {busiest[2].demand_w:,.0f} W)")
+        return Clock(1.0, how, tuple(stages))
+    limited = sum(op.limited for _, _, op in stages)
+    how = (f"sustained: compute-bound time x{scale:.3f} (request-weighted over {len(stages)} stage(s), "
+           f"{limited} power-limited; the busiest: {busiest[2].text()})")
+    return Clock(scale, how, tuple(stages))
+
+
 def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]",
                       defaults_path=resources.BLIS_DEFAULTS, hardware_config=resources.BLIS_HARDWARE,
-                      settings: BlisFitSettings | None = None, seed: int = 42) -> DeploymentExport:
+                      settings: BlisFitSettings | None = None, seed: int = 42,
+                      clock: str = "sustained") -> DeploymentExport:
     """BLIS coefficients for one target (module docstring) — or, given several, one set they all
     share: betas distilled over all their deployments, α0 from their cycles weighted by their
     runs' requests (equally without runs). ``settings``: the distillation (its sampler follows the
-    targets' runs: their token budgets, max_num_seqs and context)."""
+    targets' runs: their token budgets, max_num_seqs and context). ``clock``: the native model
+    is taken at the operating point of the targets' load (:func:`operating_clock`; BLIS has no
+    power state, so the betas carry the clock)."""
     from roofcal.blis.distill import stack_alphas_calibrated
+    from roofcal.model.combine import at_compute_scale
     from roofcal.physics.hardware import load_gpu
     targets = (targets,) if isinstance(targets, Target) else tuple(targets)
     gpu = load_gpu(coeffs.gpu)
+    op_clock = operating_clock(coeffs, targets, clock, seed)
+    if op_clock.compute_scale != 1.0:
+        coeffs = Coefficients(**{**coeffs.__dict__, "params": at_compute_scale(coeffs.params, op_clock.compute_scale)})
     hw_name, hw = hardware_for_gpu(hardware_config, gpu, None)
     alpha0, input_beta = read_defaults_coefficients(defaults_path)
     validate_export_coeffs(alpha0, input_beta, f"{defaults_path}: trained_physics_coefficients")
@@ -414,14 +487,16 @@ def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]"
         for name, v in mix_errors(out, coeffs, mix, hw).items():
             errs.setdefault(name, []).append(v)
     out.metrics["mixes"] = {k: float(np.mean(v)) for k, v in errs.items()}
+    out.metrics["clock"] = {"compute_scale": op_clock.compute_scale, "how": op_clock.how}
+    out.provenance["clock"] = {"mode": clock, "compute_scale": round_sig(op_clock.compute_scale, 6)}
     return out
 
 
 def export_deployments(coeffs: Coefficients, targets: Sequence[Target], defaults_path=resources.BLIS_DEFAULTS,
                        hardware_config=resources.BLIS_HARDWARE, settings: BlisFitSettings | None = None,
-                       seed: int = 42) -> list[DeploymentExport]:
+                       seed: int = 42, clock: str = "sustained") -> list[DeploymentExport]:
     """:func:`export_deployment` for every target on its own, in order."""
-    return [export_deployment(coeffs, t, defaults_path, hardware_config, settings, seed) for t in targets]
+    return [export_deployment(coeffs, t, defaults_path, hardware_config, settings, seed, clock) for t in targets]
 
 
 def comment(ex: DeploymentExport, coeffs_path=None) -> str:
@@ -435,8 +510,10 @@ def comment(ex: DeploymentExport, coeffs_path=None) -> str:
     d = ex.distill_mape()
     deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
     only = " only" if len(ex.targets) == 1 else ""
+    scale = ex.metrics.get("clock", {}).get("compute_scale", 1.0)
+    at = (f" at a power-limited clock (compute-bound time x{scale:.3f}, sustained load)" if scale != 1.0 else "")
     return (f"roofcal {__version__}: for {deps} on {ex.hardware}{only}{src};"
-            + (f" betas distilled for it (held-out {d:.1f}% vs the native model);" if d is not None else "")
+            + (f" betas distilled for it{at} (held-out {d:.1f}% vs the native model);" if d is not None else "")
             + f" alphas {ex.alpha_source}")
 
 
@@ -498,6 +575,8 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
                      + (f"; vs native on its light / saturated steps {m.get('light', float('nan')):.1f} / "
                         f"{m.get('saturated', float('nan')):.1f} %" if m else "")
                      + (f"; load: {ft['load']}" if ft.get("load") else ""))
+        if ex.metrics.get("clock"):
+            lines.append(f"  clock: {ex.metrics['clock']['how']}")
         for t in ex.targets:
             base = (f"--model {t.blis_model} --tp {t.deployment.tp} --hardware {ex.hardware} "
                     f"--latency-model trained-physics --model-config-folder {config_folder(t)} "

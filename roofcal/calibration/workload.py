@@ -88,10 +88,11 @@ class WorkloadSettings:
     trust: float = 1.0            # pseudo-runs holding θ near the last BLIS refresh (after the first)
     first_token_cycles: float = WORKLOAD_DEFAULTS["first_token_cycles"]   # cycles from a step to its tokens at the client
     export: str = "per-deployment"   # how BLIS gets the stack (EXPORTS)
+    clock: str = "sustained"         # the GPU's clock under each stage's load (roofcal.model.operating.CLOCKS)
 
     def record(self) -> dict:
         return {"refreshes": self.refreshes, "lm_iters": self.lm_iters, "trust": self.trust,
-                "first_token_cycles": self.first_token_cycles, "export": self.export,
+                "first_token_cycles": self.first_token_cycles, "export": self.export, "clock": self.clock,
                 "prior_weight": self.prior_weight, "distill_samples": self.samples, "seed": self.seed,
                 "loss": "mean squared log-ratio of mean E2E, TTFT, ITL per run + Gaussian prior on log θ"}
 
@@ -158,16 +159,33 @@ def case_of(exp, model_spec, seed: int = 42) -> Case:
                 np.array([m.e2e_ms, m.ttft_ms, m.itl_ms], np.float64) * 1000.0)
 
 
-def run_state(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0) -> dict:
-    """Steady-state means of a run (µs) under stack θ (:func:`roofcal.model.serving.run_state`)."""
+def run_state(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0, scales=None) -> dict:
+    """Steady-state means of a run (µs) under stack θ (:func:`roofcal.model.serving.run_state`),
+    its stages at compute scales ``scales`` (None: the burst clock)."""
     return serving.run_state({"ops": ops, "step": step_params(theta)}, case.model, gpu, case.tp,
-                             case.loads, case.grids, alphas_of(theta), first_token_cycles)
+                             case.loads, case.grids, alphas_of(theta), first_token_cycles, scales)
 
 
-def predict_case(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0) -> jnp.ndarray:
+def predict_case(theta, ops: dict, gpu, case: Case, first_token_cycles: float = 0.0, scales=None) -> jnp.ndarray:
     """Steady-state (E2E, TTFT, ITL) means of a run, µs, shape (3,)."""
-    m = run_state(theta, ops, gpu, case, first_token_cycles)
+    m = run_state(theta, ops, gpu, case, first_token_cycles, scales)
     return jnp.stack([m["e2e_us"], m["ttft_us"], m["itl_us"]])
+
+
+def case_scales(power, theta, ops: dict, gpu, cases, first_token_cycles: float = 0.0) -> np.ndarray:
+    """(runs, stages) compute scales: each stage's operating point under stack θ
+    (:func:`roofcal.model.serving.operating_points`); all 1 without a power model. Stages beyond
+    a run's own are padded with 1."""
+    n = max(len(c.loads) for c in cases)
+    out = np.ones((len(cases), n))
+    if power is None:
+        return out
+    params = {"ops": ops, "step": step_params(jnp.asarray(theta, jnp.float32))}
+    for i, c in enumerate(cases):
+        ops_ = serving.operating_points(power, params, c.model, gpu, c.tp, c.loads, c.grids,
+                                        alphas_of(jnp.asarray(theta, jnp.float32)), first_token_cycles)
+        out[i, :len(ops_)] = [op.compute_scale for op in ops_]
+    return out
 
 
 def stack_theta(st: Stack) -> np.ndarray:
@@ -182,16 +200,18 @@ def stack_theta(st: Stack) -> np.ndarray:
 
 
 def _residual_fn(ops, gpu, cases, settings):
-    """Residuals ``res(θ, δ, anchor, w_trust)`` of the fit and their Jacobian in θ, compiled once
-    for every refresh: per run log(model · e^δ / measured) of E2E, TTFT, ITL (δ: (runs, 3)); the
-    prior; and a trust region of ``w_trust²`` pseudo-runs around ``anchor`` (the θ where δ was
-    measured: δ is only valid near it; 0 before the first BLIS refresh)."""
+    """Residuals ``res(θ, δ, anchor, w_trust, scales)`` of the fit and their Jacobian in θ,
+    compiled once for every refresh: per run log(model · e^δ / measured) of E2E, TTFT, ITL (δ:
+    (runs, 3)), its stages at compute scales ``scales`` ((runs, stages), :func:`case_scales`,
+    held through a refresh); the prior; and a trust region of ``w_trust²`` pseudo-runs around
+    ``anchor`` (the θ where δ was measured: δ is only valid near it; 0 before the first BLIS
+    refresh)."""
     centre = physical_to_theta({n: PRIOR[n][0] for n in THETA})
     sd = np.array([PRIOR[n][1] for n in THETA])
     w = math.sqrt(settings.prior_weight)
 
-    def residuals(theta, delta, anchor, w_trust):
-        r = [jnp.log(predict_case(theta, ops, gpu, c, settings.first_token_cycles)) + delta[i]
+    def residuals(theta, delta, anchor, w_trust, scales):
+        r = [jnp.log(predict_case(theta, ops, gpu, c, settings.first_token_cycles, scales[i])) + delta[i]
              - jnp.log(c.measured_us)
              for i, c in enumerate(cases)]
         return jnp.concatenate(r + [w * (theta - centre) / sd, w_trust * (theta - anchor) / sd])
@@ -282,9 +302,10 @@ def export_targets(exps, model_configs, per_run: bool = False):
 
 
 def export_for(coeffs: Coefficients, exps, blis_settings, samples: int = 800, seed: int = 0,
-               export: str = "per-deployment") -> list:
+               export: str = "per-deployment", clock: str = "sustained") -> list:
     """``roofcal export blis`` of ``coeffs`` (its current stack) for ``exps`` as ``export``
-    (:data:`EXPORTS`) says: a list of :class:`~roofcal.blis.deployments.DeploymentExport`."""
+    (:data:`EXPORTS`) says, at the ``clock`` of their load (:data:`roofcal.model.operating.CLOCKS`):
+    a list of :class:`~roofcal.blis.deployments.DeploymentExport`."""
     from roofcal.blis.deployments import export_deployment, export_deployments
     from roofcal.blis.fit import BlisFitSettings
     if export not in EXPORTS:
@@ -293,9 +314,9 @@ def export_for(coeffs: Coefficients, exps, blis_settings, samples: int = 800, se
     targets = export_targets(exps, blis_settings.model_configs, per_run=export == "per-run")
     if export == "global":
         return [export_deployment(coeffs, targets, blis_settings.defaults, blis_settings.hardware_config, fit,
-                                  blis_settings.seed)]
+                                  blis_settings.seed, clock)]
     return export_deployments(coeffs, targets, blis_settings.defaults, blis_settings.hardware_config, fit,
-                              blis_settings.seed)
+                              blis_settings.seed, clock)
 
 
 def export_of(exports, exp):
@@ -334,22 +355,30 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         cases.append(case_of(e, spec, blis_settings.seed))
     meas_ms = np.stack([c.measured_us for c in cases]) / 1000.0
     ops = coeffs.params["ops"]
+    from roofcal.model.operating import power_of
+    power = power_of(coeffs, gpu) if settings.clock == "sustained" else None
     theta = physical_to_theta({n: PRIOR[n][0] for n in THETA})
     delta = [np.zeros(3) for _ in cases]
     history, best = [], None
     ftc = settings.first_token_cycles
-    model_fn = jax.jit(lambda th: jnp.stack([predict_case(th, ops, gpu, c, ftc) for c in cases]))
-    cycle_fn = jax.jit(lambda th: jnp.stack([run_state(th, ops, gpu, c, ftc)["step_us"] for c in cases]))
+    model_fn = jax.jit(lambda th, sc: jnp.stack([predict_case(th, ops, gpu, c, ftc, sc[i]) for i, c in enumerate(cases)]))
+    cycle_fn = jax.jit(lambda th, sc: jnp.stack([run_state(th, ops, gpu, c, ftc, sc[i])["step_us"]
+                                                 for i, c in enumerate(cases)]))
     res, jac = _residual_fn(ops, gpu, cases, settings)
+    scales = case_scales(power, theta, ops, gpu, cases, ftc)
     for k in range(settings.refreshes):
+        sc = jnp.asarray(scales, jnp.float32)
         args = (jnp.asarray(np.stack(delta), jnp.float32), jnp.asarray(theta, jnp.float32),
-                jnp.float32(math.sqrt(settings.trust) if k > 0 else 0.0))
+                jnp.float32(math.sqrt(settings.trust) if k > 0 else 0.0), sc)
         theta = levenberg_marquardt(lambda th: res(th, *args), lambda th: jac(th, *args), theta,
                                     settings.lm_iters)
-        model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32)), np.float64) / 1000.0
+        scales = case_scales(power, theta, ops, gpu, cases, ftc)     # the clock the new stack's load implies
+        sc = jnp.asarray(scales, jnp.float32)
+        model_ms = np.asarray(model_fn(jnp.asarray(theta, jnp.float32), sc), np.float64) / 1000.0
         src = {"kind": SOURCE_KIND, "kernels": coeffs.kernels, "first_token": {"cycles": ftc}}
         c = coeff_io.add_stack(coeffs, name, stack_of(theta, src), default=True)
-        exports = export_for(c, exps, blis_settings, settings.samples, settings.seed, settings.export)
+        exports = export_for(c, exps, blis_settings, settings.samples, settings.seed, settings.export,
+                             settings.clock)
         alpha, beta = run_coefficients(exports, exps)
         results = run_experiments(exps, blis_settings, alpha, beta, progress=progress)
         blis_ms = _blis_means(results)
@@ -359,7 +388,7 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
                      within_10(blis_ms, meas_ms), tuple(results))
         history.append(it)
         if best is None or loss < best[0].loss:
-            best = (it, theta.copy())
+            best = (it, theta.copy(), scales.copy())
         if progress:
             sm = _mape(model_ms, meas_ms)
             log(f"roofcal: refresh {k + 1}/{settings.refreshes}: BLIS MAPE E2E {it.mape['e2e']:.1f} % "
@@ -374,8 +403,8 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
         # the uncapped ratio would drag every parameter towards that one run
         delta = [np.clip(np.log(b / m), -math.log(DELTA_CAP), math.log(DELTA_CAP))
                  for b, m in zip(blis_ms, model_ms)]
-    it, theta = best
-    cyc = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32)), np.float64)
+    it, theta, scales = best
+    cyc = np.asarray(cycle_fn(jnp.asarray(theta, jnp.float32), jnp.asarray(scales, jnp.float32)), np.float64)
     source = {
         "kind": SOURCE_KIND,
         "experiments": [{"name": e.name, **_truth_record(e)} for e in exps],
@@ -472,7 +501,8 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     exports = list(cal.best.exports)
     missing = [e for e in rest if not any(_same_deployment(x, e) for x in exports)]
     if missing:
-        exports += export_for(c, missing, blis_settings, settings.samples, settings.seed, settings.export)
+        exports += export_for(c, missing, blis_settings, settings.samples, settings.seed, settings.export,
+                              settings.clock)
     alpha, beta = run_coefficients(exports, rest)
     more = {r.experiment: r for r in run_experiments(rest, blis_settings, alpha, beta, progress=True)}
     shown = [e for e in exps if e.name in fitted or e.name in more]
@@ -516,7 +546,7 @@ def leave_one_model_out(coeffs_path, exps, blis_settings, settings: WorkloadSett
     return table, mape(table), within_10_count(table), reports
 
 
-def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -> list[dict]:
+def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42, clock: str = "sustained") -> list[dict]:
     """Per run: the offered rate (its busiest stage), the rate its deployment sustains for the
     run's requests (:func:`roofcal.model.serving.saturation` of the busiest stage's load, KV
     blocks from the run's server description or ``roofcal capacity``), what limits it, and
@@ -526,12 +556,15 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
     requests/s (a server at full load finishes D requests every (output − 1) cycles); ``step_rate``:
     the same at the median gap between tokens (``step_ms``), a step without the stalls of
     preempted requests that the mean ITL carries. None for the others, whose ITL is not a full
-    load's."""
+    load's. ``clock``: the saturated stream at the clock the GPU's power limit allows
+    (``sustained``, its operating point in ``clock``) or at the per-op tables' (``burst``)."""
+    from roofcal.model.operating import power_of
     from roofcal.blis.run import model_config_folder
     from roofcal.physics.capacity import capacity
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     gpu = load_gpu(coeffs.gpu)
+    power = power_of(coeffs, gpu) if clock == "sustained" else None
     rows = []
     for e in exps:
         spec = load_model(model_config_folder(e, model_configs) / "config.json")
@@ -539,7 +572,7 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
                                             max_num_seqs=e.max_num_seqs).kv_blocks
         loads = serving.loads_of(e, seed)
         busiest = max(loads, key=lambda ld: ld.rate)
-        s = serving.saturation(coeffs.params, spec, gpu, int(e.tp), busiest, kv)
+        s = serving.saturation(coeffs.params, spec, gpu, int(e.tp), busiest, kv, power=power)
         itl_us = e.truth["summary"].itl_ms * 1000.0
         step_us = e.truth["summary"].token_gap_p50_ms * 1000.0     # NaN when the client did not report it
         full_load = e.overload and itl_us > 0
@@ -550,7 +583,20 @@ def saturation_rows(coeffs: Coefficients, exps, model_configs, seed: int = 42) -
         rows.append({"experiment": e.name, "offered_rate": busiest.rate, "saturation_rate": s.rate,
                      "limit": s.limit, "running_at_limit": s.running, "predicted_overload": busiest.rate > s.rate,
                      "measured_overload": e.overload, "cycle_ms": s.cycle_us / 1e3,
+                     "clock": _clock_cell(s.operating),
                      "cadence_rate": allows(itl_us),
                      "step_ms": step_us / 1e3 if full_load and step_us > 0 else None,
                      "step_rate": allows(step_us)})
     return rows
+
+
+def _clock_cell(op) -> str:
+    """A short text of an operating point for a table cell."""
+    if op is None or not op.limit_w:
+        return "burst"
+    if not math.isfinite(op.demand_w):
+        return "burst"
+    if not op.limited:
+        return f"boost ({op.demand_w:,.0f} W)"
+    return (f"{op.clock_mhz:,.0f} MHz" if math.isfinite(op.clock_mhz) else f"{op.ratio:.2f}x") + \
+        f" (x{op.compute_scale:.3f})"

@@ -185,7 +185,8 @@ def _export_per_deployment(a, t0) -> None:
     for p in paths:
         if p.is_dir():
             raise RoofcalError(f"{p}: is a directory, not a file")
-    exports = export_deployments(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay)
+    exports = export_deployments(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay,
+                                 a.clock)
     paths = write_defaults(exports, a.defaults, a.out_dir, a.coeffs)
     print(f"wrote {len(paths)} defaults file(s) into {a.out_dir} in {time.time() - t0:.1f} s; each goes with "
           "its deployment's blis command:")
@@ -211,7 +212,7 @@ def _export_global(a, t0) -> None:
     c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
     folders = tuple(Path(p) for p in (a.model_configs or default_model_configs()))
     targets = export_targets(read_experiments(a.experiments), folders)
-    ex = export_deployment(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay)
+    ex = export_deployment(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay, a.clock)
     write_defaults_file(ex, a.defaults, a.out, a.coeffs)
     print(f"wrote {a.out} in {time.time() - t0:.1f} s; it goes with each deployment's blis command:")
     print(usage([ex], [a.out], a.hardware_config))
@@ -309,6 +310,11 @@ def register(sub) -> None:
                         "model_configs/, then ../shared/workload/model_configs if it exists)")
     s.add_argument("--replay-seed", dest="seed_replay", type=int, default=42,
                    help="with --for: seed of the runs' rebuilt schedules (default 42, as workload validate)")
+    s.add_argument("--clock", choices=("sustained", "burst"), default="sustained",
+                   help="with --out-dir or --for: the native model at the GPU's clock under the deployment's load "
+                        "(sustained: each stage of its runs, or its limit steps without runs, at the clock its power "
+                        "limit allows) or as the per-op tables were timed (burst); the plain --out distils at the "
+                        "burst clock (default: sustained)")
     _fit_options(s, deployment_samples=True)
     s.set_defaults(func=cmd_export_blis, outputs=[("out", "file", "defaults file (--out)"),
                                                   ("out_dir", "dir", "folder of defaults files (--out-dir)")])

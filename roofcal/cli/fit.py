@@ -73,6 +73,7 @@ def cmd_fit(a) -> None:
                 print(f"serving stacks not fitted here are carried from {resources.display(carry_from)}")
         except RoofcalError as err:
             print(f"note: serving stacks of {carry_from} not carried over ({err})")
+    c = _fit_power(a, c, gpu)
     for name, st in c.stacks.items():
         kind = st.source.get("kind", "")
         print(f"serving stack '{name}'{' (default)' if name == c.stack else ''}: {kind}"
@@ -90,6 +91,28 @@ def cmd_fit(a) -> None:
               "follows its training rows (train MAPE near 0 where the curve is trusted fully, shrink 1); "
               "judge them by the held-out rows (docs/model.md)")
     print(f"wrote {out} in {time.time() - t0:.1f} s")
+
+
+def _fit_power(a, c, gpu):
+    """``c`` with each kernel set's power model fitted on ``--sustained`` (default: the GPU's
+    bundled sustained-load measurement, when the fit reads the bundled data), with a line per set."""
+    from roofcal.calibration.power import bundled_sustained, with_power
+    from roofcal.measurements.sustained import read_sustained
+    from roofcal import resources
+    folder = a.sustained or (bundled_sustained(gpu.name) if not a.data else None)
+    if folder is None:
+        return c
+    if gpu.power_limit_w <= 0:
+        print(f"no power model: datasheet {gpu.name} gives no power_limit_w")
+        return c
+    c, fits = with_power(c, gpu, read_sustained(folder))
+    for name, f in fits.items():
+        pm = f.power
+        print(f"power model of '{name}' on {resources.display(folder)}: idle {pm.idle_w:.0f} W, compute "
+              f"{pm.compute_w:.0f} W, memory {pm.memory_w:.0f} W at {pm.boost_mhz:.0f} MHz; voltage exponent "
+              f"{pm.voltage_exponent:.2f}, clock elasticity {pm.clock_elasticity:.3f}, window {pm.window_ms:.0f} ms "
+              f"(rms {100 * f.source['fit_rms_log_ratio']:.1f} %)")
+    return c
 
 
 def register(sub) -> None:
@@ -131,5 +154,8 @@ def register(sub) -> None:
     s.add_argument("--max-rows", type=int, default=10_000, metavar="N",
                    help="training rows fitted per kernel and kernel set (a seeded sample beyond; "
                         "default 10000)")
+    s.add_argument("--sustained", metavar="DIR",
+                   help="sustained-load measurement (roofcal probe's folder) to fit the GPU's power model "
+                        "on (default: the bundled one of --gpu, data/sustained/<gpu>/, when --data is not given)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_fit, outputs=[("out", "file", "coefficient file (--out)")])

@@ -71,7 +71,7 @@ def exports_from_args(a, exps, settings, work: Path):
     from roofcal.calibration.workload import export_for
     from roofcal.model import coeffs as coeff_io
     c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
-    exports = export_for(c, exps, settings, a.samples, export=a.export)
+    exports = export_for(c, exps, settings, a.samples, export=a.export, clock=a.clock)
     paths = write_defaults(exports, settings.defaults, work / "defaults", a.coeffs)
     per_run = {}
     for e in exps:
@@ -101,6 +101,8 @@ def export_command(a) -> str:
         args += ["--model-configs", *map(str, a.model_configs)]
     if a.samples != WORKLOAD_DEFAULTS["samples"]:
         args += ["--samples", str(a.samples)]
+    if getattr(a, "clock", "sustained") != "sustained":
+        args += ["--clock", a.clock]
     if a.seed != 42:
         args += ["--replay-seed", str(a.seed)]
     args += ["--for", *map(str, a.experiments)]
@@ -190,10 +192,10 @@ def _print_saturation(a, exps, settings) -> None:
     from roofcal.model import coeffs as coeff_io
     from roofcal.tables import table
     c = coeff_io.resolve_stack(coeff_io.load(a.coeffs), a.stack, required=True, kernels=a.kernels)
-    rows = saturation_rows(c, exps, settings.model_configs, settings.seed)
+    rows = saturation_rows(c, exps, settings.model_configs, settings.seed, a.clock)
     print("\nWhere each deployment saturates for its run's requests (steady state of the native model, "
-          "busiest stage; roofcal workload saturation):\n")
-    cols = ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload", "cycle ms",
+          f"busiest stage, {a.clock} clock; roofcal workload saturation):\n")
+    cols = ["experiment", "offered req/s", "sustains req/s", "limit", "predicted overload", "cycle ms", "clock",
             "measured step ms", "measured cadence allows req/s", "measured step allows req/s"]
 
     def shown(v):
@@ -201,7 +203,7 @@ def _print_saturation(a, exps, settings) -> None:
     print(table([{"experiment": r["experiment"] + (" (overload)" if r["measured_overload"] else ""),
                   "offered req/s": r["offered_rate"], "sustains req/s": r["saturation_rate"],
                   "limit": r["limit"], "predicted overload": "yes" if r["predicted_overload"] else "no",
-                  "cycle ms": r["cycle_ms"], "measured step ms": shown(r["step_ms"]),
+                  "cycle ms": r["cycle_ms"], "clock": r["clock"], "measured step ms": shown(r["step_ms"]),
                   "measured cadence allows req/s": shown(r["cadence_rate"]),
                   "measured step allows req/s": shown(r["step_rate"])}
                  for r in rows], cols))
@@ -232,11 +234,13 @@ def cmd_saturation(a) -> None:
                                  max_num_seqs=a.max_num_seqs).kv_blocks
     load = Load(rate=1.0, duration=1.0, prompt=float(a.prompt), cached=float(a.cached), output=float(a.output),
                 max_seqs=a.max_num_seqs, budget=a.max_num_batched_tokens)
-    s = saturation(c.params, spec, gpu, a.tp, load, kv)
+    from roofcal.model.operating import power_of
+    s = saturation(c.params, spec, gpu, a.tp, load, kv, power=power_of(c, gpu) if a.clock == "sustained" else None)
     print(f"{spec.name} TP{a.tp} on {gpu.name} (stack {c.stack}), {a.prompt}-token prompts ({a.cached} cached), "
           f"{a.output} output tokens: sustains {s.rate:.2f} requests/s; limited by {s.limit} "
-          f"({s.running:.0f} running, cycle {s.cycle_us / 1000:.1f} ms; KV blocks {kv:,}: "
-          f"{s.kv_limit:.0f} requests fit)")
+          f"({s.running:.0f} running, {s.prefills:.2f} prompt chunks per step, cycle {s.cycle_us / 1000:.1f} ms; "
+          f"KV blocks {kv:,}: {s.kv_limit:.0f} requests fit)")
+    print(f"clock: {s.operating.text() if a.clock == 'sustained' else 'burst (as the per-op tables were timed)'}")
 
 
 def cmd_calibrate(a) -> None:
@@ -249,7 +253,7 @@ def cmd_calibrate(a) -> None:
     exps = read_experiments(a.experiments)
     settings = settings_from_args(a)
     ws = WorkloadSettings(refreshes=a.refreshes, samples=a.samples, first_token_cycles=a.first_token_cycles,
-                          export=a.export)
+                          export=a.export, clock=a.clock)
     res = calibrate_file(a.coeffs, exps, settings, ws, out, name=a.name, holdout=a.holdout, kernels=a.kernels)
     print(res.text)
     print(f"wrote stack '{a.name}' into {out} in {res.seconds:.0f} s")
@@ -267,7 +271,8 @@ def cmd_lomo(a) -> None:
     settings = settings_from_args(a)
     held, m, within, reports = leave_one_model_out(
         a.coeffs, exps, settings, WorkloadSettings(refreshes=a.refreshes, samples=a.samples,
-                                                   first_token_cycles=a.first_token_cycles, export=a.export),
+                                                   first_token_cycles=a.first_token_cycles, export=a.export,
+                                                   clock=a.clock),
         kernels=a.kernels)
     cols = ["experiment", "overload"] + [f"err_{k}_pct" for k in ("e2e", "ttft", "itl")]
     print(table(held.to_dict("records"), cols, floats="{:+.1f}"))
@@ -315,6 +320,17 @@ def _replay_options(s, experiments: bool = True, trace: bool = False) -> None:
     s.add_argument("--timeout", type=float, default=300.0, help="seconds per BLIS run (default 300)")
 
 
+#: ``--clock`` choices (roofcal.model.operating.CLOCKS, without importing JAX)
+CLOCKS = ("sustained", "burst")
+CLOCK_HELP = ("the GPU's clock under load: sustained — each load at the SM clock its power limit allows "
+              "(compute-bound time slower once a busy stream reaches the limit; roofcal/physics/power.py); "
+              "burst — as the per-op tables were timed, at the boost clock (default: sustained)")
+
+
+def _clock_option(s) -> None:
+    s.add_argument("--clock", choices=CLOCKS, default="sustained", help=CLOCK_HELP)
+
+
 def _calibration_options(s) -> None:
     from roofcal.cli.main import add_kernels_option
     from types import SimpleNamespace
@@ -333,6 +349,7 @@ def _calibration_options(s) -> None:
                         f"steady-state cycle (default {d.first_token_cycles:g}; 0: one alpha0 for all)")
     s.add_argument("--export", choices=EXPORTS, default="per-deployment",
                    help="how BLIS gets the stack in every replay — " + EXPORT_HELP)
+    _clock_option(s)
 
 
 def register(sub) -> None:
@@ -362,6 +379,7 @@ def register(sub) -> None:
     s.add_argument("--export", choices=EXPORTS, default="per-deployment", help=EXPORT_HELP)
     s.add_argument("--samples", type=int, default=WORKLOAD_DEFAULTS["samples"],
                    help=f"distillation steps per deployment (default {WORKLOAD_DEFAULTS['samples']})")
+    _clock_option(s)
     s.add_argument("--out", metavar="FILE", help="write the per-(experiment, scope) table as CSV")
     s.add_argument("--keep", metavar="DIR", help="keep each run's trace, defaults.yaml, metrics and log in DIR")
     s.set_defaults(func=cmd_validate, outputs=[("out", "file", "validation CSV (--out)"),
@@ -384,6 +402,7 @@ def register(sub) -> None:
     s.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="vLLM's token budget per step (default 8192)")
     s.add_argument("--kv-blocks", type=int, help="GPU KV blocks (default: roofcal capacity, vLLM's rule)")
+    _clock_option(s)
     s.set_defaults(func=cmd_saturation)
 
     s = ws.add_parser("calibrate", help="fit a serving stack and BLIS's alphas to serving runs, BLIS in the loop",

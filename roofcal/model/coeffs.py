@@ -27,6 +27,15 @@ Layout (every value in physical units)::
           level: 0.8
           source: {...}                            # which residuals, how
           ops: {gemm/bf16: {all: {p10, p90, n}, compute: ..., memory: ...}, allreduce/nccl: {all: ...}}
+        power:                                     # optional: the GPU at its power limit, fitted on a
+          source: {...}                            # sustained load with these kernels (roofcal/physics/power.py)
+          idle_w: 130.6                            # W at the boost clock, idle
+          compute_w: 1723                          # W of tensor work at the dense peak, boost clock
+          memory_w: 306                            # W of memory traffic at the datasheet bandwidth
+          voltage_exponent: 3.0                    # dynamic power ∝ clock^γ, 1 ≤ γ ≤ 3
+          clock_elasticity: 0.33                   # compute-bound time ∝ clock^−β, 0 < β ≤ 1
+          window_ms: 380                           # the limiter's averaging window, ms
+          metrics: {phase: {step_ms: [measured, predicted], sm_clock_mhz: [...], power_w: [...]}}
     stack: splitwise                               # the serving stack used by default (null: none)
     stacks:                                        # named serving stacks: what a step costs beyond its kernels
       splitwise:
@@ -98,14 +107,17 @@ class KernelSet:
     """The kernel corrections of one kernel library: raw parameters per kernel (as
     :mod:`roofcal.model.correction` keeps them), the per-op files they were fitted on, their
     per-kernel metrics, their 80 % bands (``{"ops": {kernel or kind: {stratum: Band}},
-    "source": {...}}``) and the kernels taken from another set for want of rows
-    (``{kernel: set name}``)."""
+    "source": {...}}``), the kernels taken from another set for want of rows
+    (``{kernel: set name}``) and, when fitted on a sustained load, the GPU's power model
+    relative to these kernels (``{"model": PowerModel, "source": …, "metrics": …}``, empty:
+    none)."""
 
     ops: dict
     data: list = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     intervals: dict = field(default_factory=dict)
     borrowed: dict = field(default_factory=dict)
+    power: dict = field(default_factory=dict)       # {"model": PowerModel, "source": {...}, "metrics": {...}}
 
 
 @dataclass
@@ -161,6 +173,12 @@ class Coefficients:
         ks = self.kernel_sets[self.kernels].metrics
         return {split: {**ks.get(split, {}), **self.metrics.get(split, {})}
                 for split in ("train", "heldout")}
+
+    @property
+    def power(self):
+        """The active kernel set's fitted :class:`~roofcal.physics.power.PowerModel` (None: not
+        fitted; :func:`roofcal.model.operating.power_of` then takes the datasheet's defaults)."""
+        return self.kernel_sets[self.kernels].power.get("model")
 
     @property
     def op_bands(self) -> dict:
@@ -300,7 +318,12 @@ TOP_FIELDS = {
              "kernel_sets", "stack", "stacks"),
 }
 #: the fields of a kernel set (``kernel_sets.<name>``)
-KERNEL_SET_FIELDS = ("data", "borrowed", "metrics", "ops", "intervals")
+KERNEL_SET_FIELDS = ("data", "borrowed", "metrics", "ops", "intervals", "power")
+#: the fields of a kernel set's ``power`` block: the fitted parameters of
+#: :class:`roofcal.physics.power.PowerModel` (the limit and boost clock come from the datasheet,
+#: recorded in ``source``), its provenance and per-phase metrics
+POWER_PARAMS = ("idle_w", "compute_w", "memory_w", "voltage_exponent", "clock_elasticity", "window_ms")
+POWER_BLOCK_FIELDS = ("source",) + POWER_PARAMS + ("metrics",)
 #: the fields of a serving stack (``stacks.<name>``)
 STACK_FIELDS = ("alphas_us", "intervals", "kernel_scales", "mix_sharpness", "overheads_us", "overlap_sharpness",
                 "source")
@@ -502,7 +525,37 @@ def kernel_set_to_dict(ks: KernelSet) -> dict:
     d.update(params_to_dict({"ops": ks.ops}))
     if ks.intervals:
         d["intervals"] = intervals_to_dict(ks.intervals)
+    if ks.power:
+        pm = ks.power["model"]
+        d["power"] = {"source": dict(ks.power.get("source", {})),
+                      **{n: round_sig(getattr(pm, n), 6) for n in POWER_PARAMS},
+                      "metrics": dict(ks.power.get("metrics", {}))}
     return d
+
+
+def power_from_dict(d, src: str, where: str) -> dict:
+    """A kernel set's ``power`` block → {"model": PowerModel, "source", "metrics"} (empty dict
+    for none). The limit and boost clock are the ones it was fitted with (``source``)."""
+    from roofcal.physics.power import BOUNDS, PowerModel
+    if d is None:
+        return {}
+    _section(d, src, where, POWER_BLOCK_FIELDS, "power-block")
+    _field_types(d, src, f"{where}.", (("source", dict), ("metrics", dict)))
+    vals = {}
+    for n in POWER_PARAMS:
+        if n not in d:
+            raise RoofcalError(f"{src}: field '{where}.{n}' is missing")
+        lo, hi = BOUNDS[n]
+        v = _finite(d[n], f"{src}: field '{where}.{n}'", lo)
+        if v > hi:
+            raise RoofcalError(f"{src}: field '{where}.{n}' must be ≤ {hi:g}, got {v!r}")
+        vals[n] = v
+    source = dict(d.get("source", {}))
+    limit, boost = source.get("limit_w"), source.get("boost_clock_mhz")
+    for key, v in (("limit_w", limit), ("boost_clock_mhz", boost)):
+        _finite(v, f"{src}: field '{where}.source.{key}'", 0.0)
+    return {"model": PowerModel(**vals, limit_w=float(limit), boost_mhz=float(boost)), "source": source,
+            "metrics": dict(d.get("metrics", {}))}
 
 
 def kernel_set_from_dict(d, src: str, name: str) -> KernelSet:
@@ -516,7 +569,7 @@ def kernel_set_from_dict(d, src: str, name: str) -> KernelSet:
                                f"'{where}.ops' was taken from")
     return KernelSet(ops, list(d.get("data", [])), dict(d.get("metrics", {})),
                      intervals_from_dict(d.get("intervals"), src, f"{where}.intervals"),
-                     dict(d.get("borrowed", {})))
+                     dict(d.get("borrowed", {})), power_from_dict(d.get("power"), src, f"{where}.power"))
 
 
 def kernel_sets_from_dict(d: dict, src: str) -> tuple[dict, str]:

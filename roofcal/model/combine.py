@@ -55,12 +55,33 @@ def ideal_step_times(gpu: GPUSpec, calls: dict) -> dict:
             for name, call in calls.items()}
 
 
+#: key of ``params`` holding the operating point of a sustained load: how much longer
+#: compute-bound time runs than in the bursts the kernels were timed in (≥ 1; :mod:`.operating`)
+COMPUTE_SCALE = "compute_scale"
+
+
+def at_compute_scale(params: dict, scale) -> dict:
+    """``params`` at an operating point whose compute-bound time is ``scale`` × the burst's
+    (a scalar ≥ 1; the SM clock of a GPU at its power limit, :mod:`roofcal.model.operating`).
+    ``scale`` None: the burst clock, exactly as the kernels were timed."""
+    out = {k: v for k, v in params.items() if k != COMPUTE_SCALE}
+    if scale is not None:
+        out[COMPUTE_SCALE] = jnp.asarray(scale, jnp.float32)
+    return out
+
+
 def kernel_times(params: dict, calls: dict, ideal: dict) -> dict:
-    """µs per step of each kernel call (count × corrected time of one call)."""
+    """µs per step of each kernel call (count × corrected time of one call); at a sustained
+    operating point (:func:`at_compute_scale`) each call's ideal compute time is scaled first, so
+    its compute-bound time follows the clock and its memory-bound time does not."""
+    scale = params.get(COMPUTE_SCALE)
     out = {}
     for name, call in calls.items():
         _, p = K.lookup(params["ops"], call.kind, call.variant)
-        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, *ideal[name]) \
+        tc, tm = ideal[name]
+        if scale is not None:
+            tc = tc * scale
+        out[name] = call.count * K.op_time(p, call.kind, call.work.shape, tc, tm) \
             * curves.factor(p.get("curves"), call.kind, call.work.shape)
     return out
 

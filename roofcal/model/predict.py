@@ -191,12 +191,14 @@ def _op_times(p: dict, z, tc, tm) -> np.ndarray:
 
 
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
-                  bands: dict | None = None) -> pd.DataFrame:
+                  bands: dict | None = None, compute_scale: float = 1.0) -> pd.DataFrame:
     """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
     with ``bands`` (:attr:`Coefficients.op_bands`) the 80 % interval ``p10_us``, ``p90_us``
     (NaN for kernels without held-out evidence), and with ``flags`` the shape flags
     ``ood_shape`` (log2 units), ``ood_what`` and ``no_kernel_data`` of
-    :mod:`roofcal.model.domain` after them."""
+    :mod:`roofcal.model.domain` after them. ``compute_scale`` > 1: every kernel's compute-bound
+    time that much longer (an SM clock below the bursts', :mod:`roofcal.model.operating`); 1 is
+    the kernels as timed."""
     out = df.copy()
     cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
         (("p10_us", "p90_us") if bands is not None else ())
@@ -210,7 +212,7 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
                                f"coefficients are for '{gpu.name}'")
         tc, tm, z = row_times(gpu, op, dt, df, idx)
         _, p = K.lookup(params["ops"], op, dt)
-        t = _op_times(measured_curves.surface_only(p), z, tc, tm)
+        t = _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
         t = t * factor                                     # measured shapes (:mod:`.curves`)
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)

@@ -111,6 +111,11 @@ def step_grid(load: Load) -> StepBatch:
     return batch_steps(decode + mixed)
 
 
+def _chunk_sizes(load: Load) -> np.ndarray:
+    """Tokens of one chunk with D = 0 … max_seqs decodes running."""
+    return np.array([chunk_tokens(load, d) for d in range(load.max_seqs + 1)], np.float32)
+
+
 def _chunks(load: Load) -> np.ndarray:
     """Chunked steps a prompt takes with D = 0 … max_seqs decodes running."""
     return np.array([math.ceil(load.new_tokens / chunk_tokens(load, d)) for d in range(load.max_seqs + 1)],
@@ -118,8 +123,10 @@ def _chunks(load: Load) -> np.ndarray:
 
 
 def steady_state(t_decode, t_mixed, load: Load, alphas, first_token_cycles: float = 0.0) -> dict:
-    """Mean TTFT, ITL, E2E (µs), cycle ``step_us``, running requests ``running`` (D), the share
-    of steps that prefill ``mixed_fraction`` (f) and the first-token
+    """Mean TTFT, ITL, E2E (µs), cycle ``step_us``, running requests ``running`` (D), the prefill
+    chunks per step ``mixed_fraction`` (f: below 1 the share of steps that prefill; above 1 — a
+    large budget and short prompts — several prompts per step, each costing what one chunk adds
+    to a decode step, up to the budget) and the first-token
     delay's parts (``api_us``, ``wait_us``, ``prefill_us``, ``output_us``, ``cycle_delay_us``)
     of one stage.
 
@@ -130,16 +137,24 @@ def steady_state(t_decode, t_mixed, load: Load, alphas, first_token_cycles: floa
     chunks = jnp.asarray(_chunks(load))
     rate = load.rate * 1e-6                                     # requests/µs
 
+    ctok = jnp.asarray(_chunk_sizes(load))
+
+    def prefills(d, tau):
+        """Chunks per step: a share of steps below 1; several prompts in a step above, as many as
+        the token budget left after the decodes holds."""
+        f = rate * jnp.interp(d, grid, chunks) * tau
+        return jnp.clip(f, 0.0, jnp.maximum(1.0, (load.budget - d) / jnp.interp(d, grid, ctok)))
+
     def mean_step(tau):
         d = jnp.clip(rate * (load.output - 1) * tau, 0.0, float(load.max_seqs))
-        f = jnp.clip(rate * jnp.interp(d, grid, chunks) * tau, 0.0, 1.0)
+        f = prefills(d, tau)
         return (1 - f) * jnp.interp(d, grid, t_decode) + f * jnp.interp(d, grid, t_mixed)
 
     # start from a busy step: τ = 0 (no step ever runs) is a spurious fixed point
     tau = jax.lax.fori_loop(0, ITERATIONS, lambda _, t: 0.5 * t + 0.5 * mean_step(t), t_mixed[1])
     d = jnp.clip(rate * (load.output - 1) * tau, 0.0, float(load.max_seqs))
     a0, a1, a2 = alphas[0], alphas[1], alphas[2]
-    mixed = jnp.clip(rate * jnp.interp(d, grid, chunks) * tau, 0.0, 1.0)
+    mixed = prefills(d, tau)
     parts = {"api_us": a0, "wait_us": 0.5 * tau,
              "prefill_us": jnp.interp(d, grid, chunks) * jnp.interp(d, grid, t_mixed),
              "output_us": a2, "cycle_delay_us": first_token_cycles * tau}
@@ -162,16 +177,59 @@ def run_means(stages: list[dict], loads: list[Load]) -> dict:
     return {k: sum(wi * s[k] for wi, s in zip(w, stages)) for k in keys}
 
 
-def run_state(params: dict, model, gpu, tp: int, loads, grids, alphas, first_token_cycles: float = 0.0) -> dict:
+def run_state(params: dict, model, gpu, tp: int, loads, grids, alphas, first_token_cycles: float = 0.0,
+              scales=None) -> dict:
     """Steady-state means of a run (:func:`run_means` of :func:`steady_state` per stage) with
-    the native model's step times (``params``: ``{"ops", "step"}``, :func:`roofcal.model.combine.step_breakdown`)."""
-    from roofcal.model.combine import step_breakdown
+    the native model's step times (``params``: ``{"ops", "step"}``, :func:`roofcal.model.combine.step_breakdown`);
+    ``scales``: each stage's compute scale (its operating point, :func:`operating_points`; None:
+    ``params`` as given)."""
+    from roofcal.model.combine import at_compute_scale, step_breakdown
     stages = []
-    for ld, grid in zip(loads, grids):
-        t = step_breakdown(params, model, gpu, tp, grid)["total"]
+    for i, (ld, grid) in enumerate(zip(loads, grids)):
+        p = params if scales is None else at_compute_scale(params, scales[i])
+        t = step_breakdown(p, model, gpu, tp, grid)["total"]
         n = ld.max_seqs + 1
         stages.append(steady_state(t[:n], t[n:], ld, alphas, first_token_cycles))
     return run_means(stages, list(loads))
+
+
+def stream_weights(load: Load, running: float, prefills: float) -> np.ndarray:
+    """How often each step of :func:`step_grid` runs in a stage at ``running`` decodes (shared
+    linearly between the two neighbouring counts) with ``prefills`` chunks per step (the mixed
+    step's weight; beyond 1, each chunk a mixed step's worth): shape (2·(max_seqs + 1),)."""
+    n = load.max_seqs + 1
+    d = min(max(float(running), 0.0), float(load.max_seqs))
+    lo = int(math.floor(d))
+    hi = min(lo + 1, load.max_seqs)
+    a = d - lo
+    f = max(float(prefills), 0.0)
+    w = np.zeros(2 * n)
+    for base, share in ((0, max(1.0 - f, 0.0)), (n, f)):
+        w[base + lo] += share * (1.0 - a)
+        w[base + hi] += share * a
+    return w
+
+
+def operating_points(power, params: dict, model, gpu, tp: int, loads, grids, alphas,
+                     first_token_cycles: float = 0.0, iterations: int = 2) -> list:
+    """Each stage's :class:`~roofcal.model.operating.OperatingPoint`: the clock a power-limited
+    GPU holds for the stream of its steady state (decode-only and mixed steps at its running
+    requests, as often as the steady state runs them), found by iterating steady state → stream →
+    clock → step times (``power``: a :class:`~roofcal.physics.power.PowerModel`; None: the burst
+    clock for every stage)."""
+    from roofcal.model.combine import at_compute_scale
+    from roofcal.model.operating import burst, operating_point
+    out = []
+    for ld, grid in zip(loads, grids):
+        op = burst(power)
+        if power is not None:
+            for _ in range(iterations):
+                m = run_state(at_compute_scale(params, op.compute_scale), model, gpu, tp, [ld], [grid], alphas,
+                              first_token_cycles)
+                w = stream_weights(ld, float(m["running"]), float(m["mixed_fraction"]))
+                op = operating_point(power, params, model, gpu, tp, grid, w)
+        out.append(op)
+    return out
 
 
 def first_token_parts(params: dict, model, gpu, tp: int, loads, alphas,
@@ -196,43 +254,62 @@ def blis_alpha0(api_us: float, cycle_us: float, first_token_cycles: float) -> fl
 class Saturation:
     """Where a deployment saturates for a workload: the largest request rate it sustains
     (``rate``, requests/s), what limits it (``limit``: ``max_num_seqs``, ``kv_cache`` or
-    ``token_budget``), the running requests there (``running``) and the cycle (``cycle_us``)."""
+    ``token_budget``), the running requests there (``running``), the prefill chunks per step
+    (``prefills``), the cycle (``cycle_us``), the requests whose KV fits at once (``kv_limit``,
+    mean context; ∞ without a KV size) and the clock the GPU holds there (``operating``, an
+    :class:`~roofcal.model.operating.OperatingPoint`)."""
 
     rate: float
     limit: str
     running: float
     cycle_us: float
-    kv_limit: float          # requests whose KV fits at once (mean context), ∞ without a KV size
+    kv_limit: float
+    prefills: float = 0.0
+    operating: object = None
+
+
+def _saturation_at(t_dec, t_mix, load: Load, kv_limit: float):
+    """(rate req/s, limit, running, prefills per step, cycle µs) of the limit for step times
+    ``t_dec`` / ``t_mix`` (µs, D = 0 … max_seqs)."""
+    out1 = max(load.output - 1.0, 1.0)
+    d_max = float(min(load.max_seqs, kv_limit))
+    limit = "max_num_seqs" if load.max_seqs <= kv_limit else "kv_cache"
+    # every request brings new prompt tokens and (output − 1) decodes: at D running decodes a step
+    # carries D·new/(output − 1) prompt tokens, so the budget holds D ≤ budget·(output − 1)/(new + output − 1)
+    d_budget = load.budget * out1 / (load.new_tokens + out1)
+    if d_budget < d_max:
+        d_max, limit = d_budget, "token_budget"
+    d_grid = np.arange(load.max_seqs + 1, dtype=np.float64)
+    k = float(np.interp(d_max, d_grid, _chunks(load)))
+    f = k * d_max / out1                              # prefill chunks per step
+    td, tm = float(np.interp(d_max, d_grid, t_dec)), float(np.interp(d_max, d_grid, t_mix))
+    tau = td + f * (tm - td)
+    return d_max / (out1 * tau) * 1e6, limit, d_max, f, tau
 
 
 def saturation(params: dict, model, gpu, tp: int, load: Load, kv_blocks: int | None = None,
-               block: int = 16) -> Saturation:
+               block: int = 16, power=None, iterations: int = 2) -> Saturation:
     """The largest rate the steady state sustains for ``load``'s requests (its ``rate`` is not
-    used): concurrency D = λ·(output − 1)·τ(D) grows with λ until it reaches the smaller of
-    ``max_seqs`` and the requests whose KV blocks fit (``kv_blocks`` ÷ ⌈(prompt + output/2) /
-    block⌉, the mean context); there τ = t_decode(D) + f·(t_mixed(D) − t_decode(D)) with the
-    prefill share f = k·D/(output − 1) (k chunked steps per prompt), so λ* = D / ((output − 1)·τ).
-    If f would exceed 1 first, prefills fill every step: λ* = 1 / (k·t_mixed(D)) (``token_budget``).
-    Step times from the native model (µs)."""
-    from roofcal.model.combine import step_breakdown
+    used): concurrency D = λ·(output − 1)·τ(D) grows with λ until it reaches the smallest of
+    ``max_seqs``, the requests whose KV blocks fit (``kv_blocks`` ÷ ⌈(prompt + output/2) /
+    block⌉, the mean context) and what the token budget holds (every step carries D decodes and
+    D·new/(output − 1) prompt tokens); there τ = t_decode(D) + f·(t_mixed(D) − t_decode(D)) with f
+    = k·D/(output − 1) prefill chunks per step (k chunks per prompt; f > 1: several prompts in a
+    step), so λ* = D / ((output − 1)·τ). Step times from the native model (µs), at the clock the
+    GPU holds for that stream when ``power`` (a :class:`~roofcal.physics.power.PowerModel`) is
+    given, else at the burst clock."""
+    from roofcal.model.combine import at_compute_scale, step_breakdown
+    from roofcal.model.operating import burst, operating_point
     grid = step_grid(load)
-    t = np.asarray(step_breakdown(params, model, gpu, tp, grid)["total"], np.float64)
     n = load.max_seqs + 1
-    t_dec, t_mix = t[:n], t[n:]
     kv_limit = math.inf
     if kv_blocks:
         kv_limit = kv_blocks / math.ceil((load.prompt + load.output / 2.0) / block)
-    d_max = float(min(load.max_seqs, kv_limit))
-    limit = "max_num_seqs" if load.max_seqs <= kv_limit else "kv_cache"
-    chunks = _chunks(load)
-    d_grid = np.arange(n, dtype=np.float64)
-    k = float(np.interp(d_max, d_grid, chunks))
-    f = k * d_max / max(load.output - 1.0, 1.0)
-    td, tm = float(np.interp(d_max, d_grid, t_dec)), float(np.interp(d_max, d_grid, t_mix))
-    if f >= 1.0:                                    # every step prefills: the budget binds
-        # with f = 1, D = (output − 1)/k running and τ = t_mixed(D)
-        d = min(d_max, max(load.output - 1.0, 1.0) / k)
-        tm = float(np.interp(d, d_grid, t_mix))
-        return Saturation(1e6 / (k * tm), "token_budget", d, tm, kv_limit)
-    tau = td + f * (tm - td)
-    return Saturation(d_max / (max(load.output - 1.0, 1.0) * tau) * 1e6, limit, d_max, tau, kv_limit)
+    op = burst(power)
+    for i in range(1 + (iterations if power is not None else 0)):
+        t = np.asarray(step_breakdown(at_compute_scale(params, op.compute_scale if power is not None else None),
+                                      model, gpu, tp, grid)["total"], np.float64)
+        rate, limit, d, f, tau = _saturation_at(t[:n], t[n:], load, kv_limit)
+        if i < iterations and power is not None:
+            op = operating_point(power, params, model, gpu, tp, grid, stream_weights(load, d, f))
+    return Saturation(rate, limit, d, tau, kv_limit, f, op)

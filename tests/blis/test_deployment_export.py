@@ -57,6 +57,9 @@ def test_one_file_per_deployment_with_its_own_alpha0(tmp_path, capsys):
             assert lo <= v <= hi
     assert b7 != b70
     assert "alpha0 = API" in (out / "llama-2-7b-hf-tp1.yaml").read_text()
+    # their decode-heavy stages draw less than the H100's 700 W: the betas are at the boost clock
+    assert text.count("clock: boost clock: every stage within the 700 W limit") == 2
+    assert "power-limited clock" not in (out / "llama-2-7b-hf-tp1.yaml").read_text()
 
 
 @needs_runs
@@ -72,7 +75,18 @@ def test_nominal_load_without_runs(tmp_path, capsys):
     assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),
                  "--model", "llama-3.1-8b-instruct:1,2", "--samples", "100"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["llama-3.1-8b-instruct-tp1.yaml", "llama-3.1-8b-instruct-tp2.yaml"]
-    assert "nominal: a step of 32 decodes at 1024 tokens" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "nominal: a step of 32 decodes at 1024 tokens" in text
+    # without runs the clock is the deployment's limit steps' (8,192-token budget, prefill-heavy):
+    # power-limited on H100, so the betas carry a slower compute-bound time, and say so
+    assert text.count("clock: sustained: compute-bound time x1.") == 2
+    assert "at a power-limited clock (compute-bound time x1." in (out / "llama-3.1-8b-instruct-tp1.yaml").read_text()
+    burst = tmp_path / "burst"
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(burst),
+                 "--model", "llama-3.1-8b-instruct:1", "--samples", "100", "--clock", "burst"]) == 0
+    _, b_sust = read_defaults_coefficients(out / "llama-3.1-8b-instruct-tp1.yaml")
+    _, b_burst = read_defaults_coefficients(burst / "llama-3.1-8b-instruct-tp1.yaml")
+    assert b_sust[0] > b_burst[0]          # β1a, the prefill compute term, is larger at the lower clock
 
 
 @pytest.mark.parametrize("extra,message", [

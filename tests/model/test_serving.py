@@ -113,8 +113,11 @@ def test_saturation_rate_by_hand():
     """Flat steps of τ = 10 ms (a planted model: every kernel 0, overhead 10 ms per step): at
     max_num_seqs D = 64 the rate is D / ((O − 1) τ) = 64 / (100 × 0.010) = 64 req/s; with KV for
     only 32 requests (⌈(600 + 50)/16⌉ = 41 blocks each, 1,312 blocks) it halves, limited by the KV
-    cache; with 50-token outputs every step would prefill first (k·D/(O−1) > 1): the token budget
-    binds at 1/(k·τ) = 100 req/s."""
+    cache. With 50-token outputs a step carries k·D/(O−1) = 64/50 = 1.28 prompt chunks (vLLM
+    schedules several new prompts in one step while the budget lasts): 8 new tokens each fit, so
+    max_num_seqs still binds, at 64 / (50 × 0.010) = 128 req/s. With 600 new tokens and a
+    512-token budget the budget binds first: every step carries D decodes and D·600/50 prompt
+    tokens, so D = 512·50/650 = 39.38 and the rate is 512 / (650 × 0.010) = 78.77 req/s."""
     import jax.numpy as jnp
     from roofcal.model import correction as K
     from roofcal.model.serving import saturation
@@ -135,7 +138,13 @@ def test_saturation_rate_by_hand():
     assert s.limit == "kv_cache" and s.running == pytest.approx(32.0) and s.rate == pytest.approx(32.0, rel=1e-3)
     short = Load(rate=1.0, duration=1.0, prompt=600, cached=592, output=51, max_seqs=64, budget=2048)
     s = saturation(params, spec, gpu, 1, short)
-    assert s.limit == "token_budget" and s.rate == pytest.approx(100.0, rel=1e-3)
+    assert s.limit == "max_num_seqs" and s.prefills == pytest.approx(1.28)
+    assert s.rate == pytest.approx(128.0, rel=1e-3)
+    uncached = Load(rate=1.0, duration=1.0, prompt=600, cached=0, output=51, max_seqs=64, budget=512)
+    s = saturation(params, spec, gpu, 1, uncached)
+    assert s.limit == "token_budget" and s.running == pytest.approx(512 * 50 / 650)
+    assert s.rate == pytest.approx(512 / (650 * 0.010), rel=1e-3)
+    assert s.prefills == pytest.approx(2 * s.running / 50)       # 2 chunks of ≤ 472 tokens per prompt
 
 
 @pytest.mark.skipif(not RUNS.is_dir(), reason="experiments not found (../shared beside the project)")
@@ -161,3 +170,40 @@ def test_overloaded_runs_are_predicted_to_saturate_below_their_offered_rate():
     r7 = by["20260217-170634-llama-2-7b-tp1-reasoning"]
     assert abs(r7["step_ms"] / r7["cycle_ms"] - 1) < 0.07 and r7["cadence_rate"] < 0.75 * r7["step_rate"]
     assert all((r["step_rate"] is None) != r["measured_overload"] for r in rows)
+
+
+def test_stream_weights_by_hand():
+    from roofcal.model.serving import stream_weights
+    ld = Load(rate=1.0, duration=1.0, prompt=600, cached=0, output=101, max_seqs=4, budget=2048)
+    # 2.25 running, a chunk in 40 % of the steps: decode-only steps at 2 and 3 decodes take
+    # 0.6 × (0.75, 0.25), the mixed ones 0.4 × (0.75, 0.25)
+    w = stream_weights(ld, 2.25, 0.4)
+    assert w.tolist() == pytest.approx([0, 0, 0.45, 0.15, 0, 0, 0, 0.3, 0.1, 0])
+    w = stream_weights(ld, 4.0, 1.5)                # at max_seqs, 1.5 chunks per step: all mixed
+    assert w.tolist() == pytest.approx([0, 0, 0, 0, 0, 0, 0, 0, 0, 1.5])
+
+
+def test_saturation_at_the_power_limited_clock():
+    """A prefill-heavy workload (3,000 uncached prompt tokens, 8,192-token budget) keeps the H100
+    at its power limit: the sustained clock lowers the rate it sustains; the given runs'
+    decode-heavy saturation stays at the boost clock, so its rate is the burst one."""
+    from roofcal import resources
+    from roofcal.model import coeffs as C
+    from roofcal.model.operating import power_of
+    from roofcal.model.serving import saturation
+    from roofcal.physics.config import load_model
+    from roofcal.physics.hardware import load_gpu
+    c = C.resolve_stack(C.load(resources.COEFFS / "h100_sxm.yaml"), None, required=True)
+    gpu = load_gpu("h100_sxm")
+    pm = power_of(c, gpu)
+    heavy = Load(rate=1.0, duration=1.0, prompt=3000, cached=0, output=300, max_seqs=256, budget=8192)
+    spec = load_model("qwen3-14b")
+    burst = saturation(c.params, spec, gpu, 1, heavy, 17_337)
+    sust = saturation(c.params, spec, gpu, 1, heavy, 17_337, power=pm)
+    assert sust.operating.limited and 1.03 < sust.operating.compute_scale < 1.2
+    assert 0.9 * burst.rate < sust.rate < 0.99 * burst.rate and sust.cycle_us > burst.cycle_us
+    light = Load(rate=1.0, duration=1.0, prompt=580, cached=576, output=247, max_seqs=128, budget=2048)
+    spec7 = load_model("llama-2-7b-hf")
+    a = saturation(c.params, spec7, gpu, 1, light, 7463)
+    b = saturation(c.params, spec7, gpu, 1, light, 7463, power=pm)
+    assert not b.operating.limited and b.rate == a.rate and b.operating.demand_w < 700

@@ -85,3 +85,20 @@ def test_modified_datasheets_are_validated_too():
                 dict(fp8_tflops=4000.0)):
         with pytest.raises(RoofcalError):
             g.replace(**bad)
+
+
+def test_power_fields_are_optional_checked_and_outside_the_hash():
+    d = {k: v for k, v in _sheet().items() if k not in ("power_limit_w", "boost_clock_mhz")}
+    plain = parse_datasheet(d, "x.yaml")
+    assert plain.power_limit_w == 0.0 and plain.boost_clock_mhz == 0.0      # unknown: no cap modelled
+    powered = parse_datasheet({**d, "power_limit_w": 350, "boost_clock_mhz": 2520}, "x.yaml")
+    assert (powered.power_limit_w, powered.boost_clock_mhz) == (350.0, 2520.0)
+    # the kernel corrections are relative to the peaks, not to the power: a coefficient file
+    # fitted before these fields existed still matches its datasheet
+    assert powered.sha256() == plain.sha256()
+    for bad in (-5, 0, "700 W", float("nan")):
+        with pytest.raises(RoofcalError, match="x.yaml: field 'power_limit_w' must be a positive number"):
+            parse_datasheet({**d, "power_limit_w": bad}, "x.yaml")
+    h100 = load_gpu("h100_sxm")
+    assert (h100.power_limit_w, h100.boost_clock_mhz) == (700.0, 1980.0)
+    assert all(g.power_limit_w > 0 for g in bundled_gpus())

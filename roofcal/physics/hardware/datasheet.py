@@ -15,7 +15,16 @@ field                           meaning                                         
 ``interconnect``                link kind (nvlink4, pcie5, ...)                             yes
 ``interconnect_bandwidth_gbs``  per-GPU link bandwidth, one direction, 1e9 bytes/s          yes
 ``sm_count``                    streaming multiprocessors                                   yes
+``power_limit_w``               the board's default power limit (TDP), W                    no
+``boost_clock_mhz``             the maximum SM clock (nvidia-smi's ``clocks.max.sm``), MHz  no
 ==============================  ==========================================================  ========
+
+The two power fields describe a busy GPU, not a burst: under a back-to-back load the board sits
+at its power limit and lowers its SM clock (:mod:`roofcal.physics.power`). Without
+``power_limit_w`` no power cap is modelled (a sustained load runs as a burst does); without
+``boost_clock_mhz`` the clock is reported as a fraction of the maximum. They are not part of
+:meth:`GPUSpec.sha256`: the kernel corrections are relative to the peaks, not to the power; a
+coefficient file's ``power`` block records the power fields it was fitted with instead.
 
 Sparsity figures are refused: any key mentioning sparsity, and any low-precision peak above twice
 the BF16 peak (every NVIDIA generation doubles per halving of precision; 4x means a sparse figure).
@@ -35,13 +44,15 @@ SCHEMA = "roofcal-datasheet/1"
 DTYPES = ("bf16", "fp16", "fp8", "int8")
 REQUIRED = ("name", "sources", "dense_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib",
             "interconnect", "interconnect_bandwidth_gbs", "sm_count")
-OPTIONAL = ("schema", "display_name", "aliases", "notes")
+OPTIONAL = ("schema", "display_name", "aliases", "notes", "power_limit_w", "boost_clock_mhz")
+#: optional fields of a busy GPU's power state: not part of the hash (see the module docstring)
+POWER_FIELDS = ("power_limit_w", "boost_clock_mhz")
 #: datasheet fields a what-if or bootstrap may change, with their units
 NUMERIC_FIELDS = {
     "bf16_tflops": "1e12 FLOP/s", "fp16_tflops": "1e12 FLOP/s", "fp8_tflops": "1e12 FLOP/s",
     "int8_tops": "1e12 op/s",
     "hbm_bandwidth_tbs": "1e12 B/s", "interconnect_bandwidth_gbs": "1e9 B/s",
-    "hbm_capacity_gib": "GiB", "sm_count": "SMs",
+    "hbm_capacity_gib": "GiB", "sm_count": "SMs", "power_limit_w": "W", "boost_clock_mhz": "MHz",
 }
 #: rate field → factor from its unit to FLOP/µs or bytes/µs
 PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
@@ -65,6 +76,8 @@ class GPUSpec:
     fp16_tflops: float = 0.0
     fp8_tflops: float = 0.0            # 0 = no FP8 tensor cores
     int8_tops: float = 0.0
+    power_limit_w: float = 0.0         # 0 = unknown: no power cap modelled
+    boost_clock_mhz: float = 0.0       # 0 = unknown: clocks reported as a fraction of the maximum
     display_name: str = ""
     sources: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=(), compare=False)
@@ -97,7 +110,7 @@ class GPUSpec:
     def canonical(self) -> dict:
         """The figures that define the GPU (no names or citations), for hashing."""
         d = asdict(self)
-        for k in ("display_name", "sources", "aliases"):
+        for k in ("display_name", "sources", "aliases") + POWER_FIELDS:
             d.pop(k)
         return d
 
@@ -121,10 +134,20 @@ def _positive(value, path, key) -> float:
     return float(value)
 
 
+def _optional_positive(raw: dict, key: str, path) -> float:
+    """An optional positive field of ``raw`` (0.0 when absent)."""
+    return 0.0 if raw.get(key) is None else _positive(raw[key], path, key)
+
+
 def _check_numbers(spec: GPUSpec, path) -> None:
     for key in ("bf16_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib", "interconnect_bandwidth_gbs",
                 "sm_count"):
         _positive(getattr(spec, key), path, key)
+    for key in POWER_FIELDS:
+        v = getattr(spec, key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise RoofcalError(f"{path}: field '{key}' must be a positive number (0 or absent: unknown), "
+                               f"got {v!r}")
     bf16 = spec.bf16_tflops
     for key, limit in (("fp16_tflops", 1.05), ("fp8_tflops", 2.05), ("int8_tops", 2.05)):
         v = getattr(spec, key)
@@ -185,6 +208,8 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
         interconnect_bandwidth_gbs=_positive(raw["interconnect_bandwidth_gbs"], path,
                                              "interconnect_bandwidth_gbs"),
         sm_count=sm,
+        power_limit_w=_optional_positive(raw, "power_limit_w", path),
+        boost_clock_mhz=_optional_positive(raw, "boost_clock_mhz", path),
         display_name=str(raw.get("display_name", raw["name"])),
         sources=tuple(sources),
         aliases=tuple(str(a) for a in raw.get("aliases") or ()),

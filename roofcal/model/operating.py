@@ -1,0 +1,124 @@
+"""The operating point of a sustained load: the SM clock a power-limited GPU holds for a stream of
+steps, and how much longer compute-bound time runs there than in the bursts the kernels were
+timed in.
+
+In: the native model (``params``, a deployment: model, GPU, TP), a stream — its steps and how
+often each runs — and the GPU's :class:`~roofcal.physics.power.PowerModel` (a coefficient file's
+``power`` block, else the datasheet's defaults: :func:`power_of`).
+Out: an :class:`OperatingPoint`; :func:`roofcal.model.combine.at_compute_scale` puts it into
+``params`` so that every step time is predicted at that clock.
+
+The stream's mean cycle ``T``, its energy at the boost clock ``E`` (from the ideal compute and
+memory time of its kernels) and the cycle's sensitivity to the compute scale ``dT/ds`` (the
+compute-bound share of the cycle, by forward-mode differentiation of the step model) give the
+clock by :func:`roofcal.physics.power.clock_ratio`; the step times move with the clock, so the
+solve is repeated around the new scale (:data:`ITERATIONS`; it changes by < 1e-4 after the
+second).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from roofcal.model.combine import at_compute_scale, step_breakdown
+from roofcal.physics import power as P
+
+#: fixed-point passes of :func:`operating_point` (re-linearising the cycle around the last scale)
+ITERATIONS = 3
+#: how a prediction is clocked: ``burst`` — as the per-op tables were timed (the boost clock,
+#: today's kernels exactly); ``sustained`` — at the clock the stream's power allows
+CLOCKS = ("burst", "sustained")
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Where a stream runs: SM clock ratio ``ratio`` (of the boost clock) and ``clock_mhz`` (NaN
+    when the datasheet has no boost clock), the ``compute_scale`` of its compute-bound time
+    (≥ 1), the power it would draw at the boost clock (``demand_w``) and draws at its clock
+    (``power_w``), W; ``limit_w``: the board's limit (0: none modelled)."""
+
+    ratio: float
+    clock_mhz: float
+    compute_scale: float
+    demand_w: float
+    power_w: float
+    limit_w: float
+
+    @property
+    def limited(self) -> bool:
+        """Whether the power limit lowers the clock."""
+        return self.ratio < 1.0
+
+    def text(self) -> str:
+        clock = f"{self.clock_mhz:,.0f} MHz" if math.isfinite(self.clock_mhz) else f"{self.ratio:.2f} of boost"
+        if not self.limit_w:
+            return "burst clock (no power limit in the datasheet)"
+        if not self.limited:
+            return f"boost clock ({self.demand_w:,.0f} W of {self.limit_w:,.0f})"
+        return (f"power-limited: SM {clock}, compute-bound time x{self.compute_scale:.3f} "
+                f"({self.demand_w:,.0f} W at boost against {self.limit_w:,.0f})")
+
+
+def burst(pm: P.PowerModel | None) -> OperatingPoint:
+    """The operating point of the per-op tables: the boost clock."""
+    limit = pm.limit_w if pm is not None else 0.0
+    mhz = pm.boost_mhz if pm is not None and pm.boost_mhz > 0 else math.nan
+    return OperatingPoint(1.0, mhz, 1.0, math.nan, math.nan, limit)
+
+
+def power_of(coeffs, gpu) -> P.PowerModel | None:
+    """The power model of ``gpu``: the coefficient file's fitted ``power`` block when it has one
+    (:attr:`~roofcal.model.coeffs.Coefficients.power`), else the datasheet's defaults
+    (:func:`roofcal.physics.power.default_power`); None when the datasheet gives no power limit."""
+    pm = getattr(coeffs, "power", None) if coeffs is not None else None
+    if pm is not None:
+        return pm
+    if gpu.power_limit_w > 0:
+        return P.default_power(gpu.power_limit_w, gpu.boost_clock_mhz)
+    return None
+
+
+def step_terms(params: dict, model, gpu, tp: int, batch, scale: float = 1.0) -> dict:
+    """Per step at compute scale ``scale``: ``total`` (µs), its sensitivity ``sens`` = dT/ds (µs
+    per unit of scale), ``ideal_compute`` and ``ideal_memory`` (µs). Arrays of shape (S,)."""
+    f = lambda s: step_breakdown(at_compute_scale(params, s), model, gpu, tp, batch)
+    out, tangent = jax.jvp(f, (jnp.float32(scale),), (jnp.float32(1.0),))
+    return {"total": out["total"], "sens": tangent["total"], "ideal_compute": out["ideal_compute"],
+            "ideal_memory": out["ideal_memory"]}
+
+
+def solve(pm: P.PowerModel, energy, t_ref, sens, s_ref, idle_us=0.0) -> tuple:
+    """(clock ratio, compute scale) of a stream whose mean busy cycle is ``t_ref`` µs at compute
+    scale ``s_ref`` with sensitivity ``sens`` µs, dynamic energy ``energy`` µJ at the boost clock,
+    and ``idle_us`` idle after each cycle."""
+    r = P.clock_ratio(pm, energy, t_ref, sens, s_ref, idle_us)
+    return r, P.compute_scale(pm, r)
+
+
+def operating_point(pm: P.PowerModel | None, params: dict, model, gpu, tp: int, batch,
+                    weights=None, idle_us: float = 0.0) -> OperatingPoint:
+    """The operating point of a stream of the steps of ``batch``, step i running ``weights[i]``
+    times as often as the others (default: each once), each followed by ``idle_us`` µs idle; the
+    burst clock when ``pm`` is None."""
+    if pm is None:
+        return burst(pm)
+    w = np.ones(batch.num_steps) if weights is None else np.asarray(weights, np.float64)
+    keep = np.flatnonzero(w > 0)                 # (an empty step's sensitivity is not finite)
+    batch, w = batch.take(keep), jnp.asarray(w[keep] / w[keep].sum(), jnp.float32)
+    s = 1.0
+    for _ in range(ITERATIONS):
+        t = step_terms(params, model, gpu, tp, batch, s)
+        energy = P.energy_uj(pm, w @ t["ideal_compute"], w @ t["ideal_memory"])
+        r, s_new = solve(pm, energy, w @ t["total"], w @ t["sens"], s, idle_us)
+        s = float(s_new)
+    t = step_terms(params, model, gpu, tp, batch, s)
+    energy = P.energy_uj(pm, w @ t["ideal_compute"], w @ t["ideal_memory"])
+    t1 = step_terms(params, model, gpu, tp, batch, 1.0)
+    demand = P.stream_power_w(pm, 1.0, energy, w @ t1["total"], w @ t1["sens"], 1.0, idle_us)
+    drawn = P.stream_power_w(pm, r, energy, w @ t["total"], w @ t["sens"], s, idle_us)
+    return OperatingPoint(float(r), float(P.clock_mhz(pm, r)), s, float(demand), float(drawn), pm.limit_w)
