@@ -104,6 +104,8 @@ def make_inputs(tmp: Path) -> None:
     _edit(COEFFS, tmp / "c_curve_shrink.yaml", shrink, "\n          shrink: 1.5\n")
     kernels = re.search(r"\nkernels: [^\n]+\n", text).group(0)
     _edit(COEFFS, tmp / "c_kernels.yaml", kernels, "\nkernels: vllm-9.9.9\n")
+    gamma = re.search(r"\n {6}voltage_exponent: [^\n]+\n", text).group(0)
+    _edit(COEFFS, tmp / "c_power.yaml", gamma, "\n      voltage_exponent: 9.0\n")
     # step files
     w("steps.jsonl", '{"prefill": [[2048, 0]], "decode": []}\n{"prefill": [], "decode": [512, 1024]}\n')
     w("stepsd.jsonl", '{"prefill": [[2048, 0]], "decode": [], "duration_us": 90000}\n'
@@ -118,6 +120,8 @@ def make_inputs(tmp: Path) -> None:
     w("ds_negative.yaml", ds.replace("hbm_bandwidth_tbs: 0.3\n", "hbm_bandwidth_tbs: -0.3\n"))
     w("ds_nan.yaml", ds.replace("hbm_bandwidth_tbs: 0.3\n", "hbm_bandwidth_tbs: .nan\n"))
     w("ds_unknown.yaml", ds + "bogus_field: 1\n")
+    assert "power_limit_w: 72\n" in ds
+    w("ds_power.yaml", ds.replace("power_limit_w: 72\n", "power_limit_w: -72\n"))
     # model configs
     w("cfg_empty.json", "{}\n")
     # BLIS files (copies: some cases would rewrite them in place)
@@ -482,6 +486,20 @@ CASES = [
     C("workload-saturation-model-unknown", "workload", "saturation", "--model", "no-such-model", "--tp", "1",
       "--prompt", "512", "--output", "128", "--coeffs", "coeffs.yaml"),
     C("workload-saturation-gpu-other", *SAT, "--coeffs", "coeffs.yaml", "--gpu", "a100_sxm"),
+    C("workload-saturation-clock-unknown", *SAT, "--coeffs", "coeffs.yaml", "--clock", "turbo"),
+
+    # ---- power fit (the GPU's power model on a sustained-load measurement)
+    C("power-fit-coeffs-missing", "power", "fit", "--coeffs", "nope.yaml", "--out", "c.yaml"),
+    C("power-fit-power-block-bad", "power", "fit", "--coeffs", "c_power.yaml", "--out", "c.yaml"),
+    C("power-fit-sustained-missing", "power", "fit", "--coeffs", "coeffs.yaml", "--sustained", "nowhere",
+      "--out", "c.yaml"),
+    C("power-fit-sustained-empty", "power", "fit", "--coeffs", "coeffs.yaml", "--sustained", "adir", "--out", "c.yaml"),
+    C("power-fit-sustained-is-file", "power", "fit", "--coeffs", "coeffs.yaml", "--sustained", "afile",
+      "--out", "c.yaml"),
+    C("power-fit-out-is-dir", "power", "fit", "--coeffs", "coeffs.yaml", "--out", "adir"),
+    C("predict-clock-unknown", "predict", "--steps", "steps.jsonl", *M7, "--clock", "turbo", "--out", "o.csv"),
+    C("predict-datasheet-power-negative", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf",
+      "--tp", "1", "--gpu", "ds_power.yaml", "--out", "o.csv"),
 
     # ---- workload calibrate (never without --out or with the project's file: it writes in place)
     C("workload-calibrate-coeffs-missing", "workload", "calibrate", EXP, "--blis", BLIS, "--coeffs", "nope.yaml",

@@ -20,9 +20,15 @@ def cmd_predict(a) -> None:
             raise RoofcalError("predict: give --steps FILE (step JSONL) or --ops FILE (per-op CSV)")
         from roofcal.model.predict import predict
         df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack,
-                     kernels=a.kernels)
+                     kernels=a.kernels, clock=a.clock)
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
+    if not a.ops and a.clock == "sustained":
+        for (m, g, t), grp in df.groupby(["model", "gpu", "tp"], sort=False):
+            mhz, s = grp["sm_clock_mhz"].iloc[0], grp["compute_scale"].iloc[0]
+            print(f"{m} TP{t} on {g}, the steps back to back: "
+                  + (f"SM {mhz:,.0f} MHz, compute-bound time x{s:.3f} (power-limited)" if s > 1 else
+                     "boost clock (within the power limit)"))
     print(summary(df, "rows" if a.ops else "steps"))
     line = interval_summary(df, "rows" if a.ops else "steps")
     if line:
@@ -43,6 +49,10 @@ def register(sub) -> None:
                    help="serving stack for whole steps: a stack of the coefficient file (default: "
                         "the file's own), 'none' for kernels only, or FILE:NAME to borrow one")
     add_kernels_option(s)
+    s.add_argument("--clock", choices=("burst", "sustained"), default="burst",
+                   help="burst: each step at the boost clock, as the per-op tables were timed (default); "
+                        "sustained: each deployment's steps as one stream run back to back, at the SM clock "
+                        "its power limit allows (columns clock, sm_clock_mhz, compute_scale)")
     s.add_argument("--out", required=True, help="output CSV")
     s.set_defaults(func=cmd_predict, outputs=[("out", "file", "prediction CSV (--out)")])
 

@@ -99,12 +99,14 @@ def step_arrays(c, model, gpu, tp: int, batch) -> tuple[dict, tuple, dict]:
 
 
 #: leading columns of :func:`predict`, in order (``measured_us`` only when given)
-FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "kernels", "measured_us", "measured_cycle_us",
-         "predicted_us", "p10_us", "p90_us", "interval_basis", "predicted_gpu_us")
+FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "kernels", "clock", "sm_clock_mhz", "compute_scale",
+         "measured_us", "measured_cycle_us", "predicted_us", "p10_us", "p90_us", "interval_basis",
+         "predicted_gpu_us")
 
 
 def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
-            coeffs=None, stack: str | None = None, kernels: str | None = None) -> pd.DataFrame:
+            coeffs=None, stack: str | None = None, kernels: str | None = None,
+            clock: str = "burst") -> pd.DataFrame:
     """Predict every step; one row per input step, in input order.
 
     ``steps``: a JSONL path or a list of :class:`Step`. ``model`` / ``gpu`` / ``tp`` apply to steps
@@ -112,9 +114,14 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     :class:`~roofcal.model.coeffs.Coefficients`, or None for the neutral roofline defaults.
     ``stack``: the serving stack (a name in the file, ``none`` for kernels only, or
     ``FILE:NAME``; default the file's own); ``kernels``: the kernel set (default the stack's own,
-    else the file's default).
+    else the file's default). ``clock``: ``burst`` — each step as the per-op tables were timed, at
+    the boost clock (default); ``sustained`` — each deployment's steps as one stream run back to
+    back, at the SM clock the GPU's power limit allows for it (:mod:`roofcal.model.operating`).
 
-    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``kernels``, ``measured_us`` and
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``kernels``, the clock a row
+    assumes (``clock``, ``sm_clock_mhz`` — NaN where the datasheet gives no boost clock — and
+    ``compute_scale``, ≥ 1: how much longer its compute-bound time runs than at the boost clock),
+    ``measured_us`` and
     ``measured_cycle_us`` (the steps' ``duration_us`` and ``cycle_us``, when given),
     ``predicted_us`` (the whole step: what a cycle takes), the 80 % interval ``p10_us``,
     ``p90_us`` and its ``interval_basis`` (:func:`roofcal.model.intervals.step_interval`),
@@ -125,9 +132,21 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     ``ood_context``, ``fits_memory``, ``zero_shot``, ``no_kernel_data``; see
     :mod:`roofcal.model.domain`).
     """
+    from roofcal.model.combine import at_compute_scale
+    from roofcal.model.operating import CLOCKS, burst, operating_point, power_of
+    if clock not in CLOCKS:
+        raise RoofcalError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+
     def one(c, spec, gspec, t, batch, recs):
+        pm = power_of(c, gspec)
+        op = operating_point(pm, c.params, spec, gspec, t, batch) if clock == "sustained" else burst(pm)
+        if op.compute_scale != 1.0:
+            c = coeff_io.Coefficients(**{**c.__dict__, "params": at_compute_scale(c.params, op.compute_scale)})
         out, band, flags = step_arrays(c, spec, gspec, t, batch)
         df = pd.DataFrame(index=range(len(recs)))
+        df["clock"] = clock
+        df["sm_clock_mhz"] = op.clock_mhz
+        df["compute_scale"] = op.compute_scale
         if any(r.duration_us is not None for r in recs):
             df["measured_us"] = [np.nan if r.duration_us is None else r.duration_us for r in recs]
         if any(r.cycle_us is not None for r in recs):

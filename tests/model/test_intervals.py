@@ -127,7 +127,9 @@ def test_step_predictions_carry_intervals():
              Step(prefill=((256, 0),), decode=(100, 3000))]
     c = coeff_io.load(H100_FILE)
     sw = predict(steps, model="llama-2-70b-hf", gpu="h100_sxm", tp=4, coeffs=H100_FILE, stack="splitwise")
-    assert list(sw.columns[6:11]) == ["kernels", "predicted_us", "p10_us", "p90_us", "interval_basis"]
+    assert list(sw.columns[6:14]) == ["kernels", "clock", "sm_clock_mhz", "compute_scale", "predicted_us", "p10_us",
+                                      "p90_us", "interval_basis"]
+    assert (sw["clock"] == "burst").all() and (sw["compute_scale"] == 1.0).all()
     assert (sw.p10_us < sw.predicted_us).all() and (sw.predicted_us < sw.p90_us).all()
     assert sw.interval_basis.tolist() == ["steps+kernels"] * 3
     # a pure decode step: the stack's decode band is at least as wide as the kernels' one
