@@ -267,20 +267,25 @@ def fit_text(fits: dict, folder) -> str:
     return "\n".join(lines)
 
 
-def power_file(coeffs_path, sustained=None, out=None) -> PowerFileResult:
+def power_file(coeffs_path, sustained=None, out=None, gpu=None) -> PowerFileResult:
     """``roofcal power fit``: fit the power model of every kernel set of the coefficient file
-    ``coeffs_path`` on the sustained measurement folder ``sustained`` (default: the bundled one
-    of its GPU) and write the file to ``out`` (atomically; not written when None)."""
+    ``coeffs_path`` on the sustained measurement folder ``sustained`` (default: the one the
+    ``gpu`` overlay names, else the bundled one of the file's GPU) and write the file to ``out``
+    (atomically; not written when None). ``gpu``: a datasheet or a probe's overlay of the file's
+    GPU whose power limit and boost clock to fit with (default: the bundled datasheet)."""
     from roofcal.measurements.sustained import read_sustained
     from roofcal.model import coeffs as coeff_io
     from roofcal.physics.hardware import load_gpu
+    from roofcal.physics.hardware.datasheet import overlay_sustained
     c = coeff_io.load(coeffs_path)
-    gpu = load_gpu(c.gpu)
-    folder = sustained or bundled_sustained(gpu.name)
+    spec = load_gpu(gpu or c.gpu)
+    c.check_gpu(spec, where="--gpu")
+    gpu_spec = spec
+    folder = sustained or (overlay_sustained(gpu) if gpu else None) or bundled_sustained(spec.name)
     if folder is None:
-        raise RoofcalError(f"no sustained-load measurement bundled for GPU '{gpu.name}'; give --sustained DIR "
+        raise RoofcalError(f"no sustained-load measurement bundled for GPU '{spec.name}'; give --sustained DIR "
                            f"(roofcal probe writes one)")
-    c, fits = with_power(c, gpu, read_sustained(folder))
+    c, fits = with_power(c, gpu_spec, read_sustained(folder))
     if not fits:
         raise RoofcalError(f"{coeffs_path}: no kernel set with a bf16 GEMM correction to price the measured GEMMs")
     if out is not None:

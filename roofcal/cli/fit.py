@@ -99,7 +99,8 @@ def _fit_power(a, c, gpu):
     from roofcal.calibration.power import bundled_sustained, with_power
     from roofcal.measurements.sustained import read_sustained
     from roofcal import resources
-    folder = a.sustained or (bundled_sustained(gpu.name) if not a.data else None)
+    from roofcal.physics.hardware.datasheet import overlay_sustained
+    folder = a.sustained or overlay_sustained(a.gpu) or (bundled_sustained(gpu.name) if not a.data else None)
     if folder is None:
         return c
     if gpu.power_limit_w <= 0:
@@ -156,6 +157,7 @@ def register(sub) -> None:
                         "default 10000)")
     s.add_argument("--sustained", metavar="DIR",
                    help="sustained-load measurement (roofcal probe's folder) to fit the GPU's power model "
-                        "on (default: the bundled one of --gpu, data/sustained/<gpu>/, when --data is not given)")
+                        "on (default: the one a --gpu overlay names, else the bundled one of --gpu, "
+                        "data/sustained/<gpu>/, when --data is not given)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_fit, outputs=[("out", "file", "coefficient file (--out)")])

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``register(subparsers)``
 COMMAND_MODULES = ("roofcal.cli.predict", "roofcal.cli.fit", "roofcal.cli.bench", "roofcal.cli.blis",
                    "roofcal.cli.residuals", "roofcal.cli.gpu", "roofcal.cli.workload", "roofcal.cli.capacity",
-                   "roofcal.cli.traces", "roofcal.cli.power")
+                   "roofcal.cli.traces", "roofcal.cli.power", "roofcal.cli.probe")
 
 
 def add_kernels_option(s, what: str = "predict with") -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 def cmd_power_fit(a) -> None:
     from roofcal.calibration.power import power_file
-    res = power_file(a.coeffs, a.sustained, a.out or a.coeffs)
+    res = power_file(a.coeffs, a.sustained, a.out or a.coeffs, a.gpu)
     print(res.text)
 
 
@@ -29,5 +29,8 @@ def register(sub) -> None:
     s.add_argument("--sustained", metavar="DIR",
                    help="sustained-load measurement folder (default: the bundled one of the file's GPU, "
                         "data/sustained/<gpu>/)")
+    s.add_argument("--gpu", metavar="DATASHEET",
+                   help="datasheet or roofcal probe's overlay of the file's GPU: its power limit and boost clock, and "
+                        "the measurement an overlay names (default: the bundled datasheet)")
     s.add_argument("--out", metavar="FILE", help="coefficient file to write (default: --coeffs, in place)")
     s.set_defaults(func=cmd_power_fit, outputs=[("out", "file", "coefficient file (--out)")])

@@ -73,11 +73,13 @@ def burst(pm: P.PowerModel | None) -> OperatingPoint:
 
 def power_of(coeffs, gpu) -> P.PowerModel | None:
     """The power model of ``gpu``: the coefficient file's fitted ``power`` block when it has one
-    (:attr:`~roofcal.model.coeffs.Coefficients.power`), else the datasheet's defaults
-    (:func:`roofcal.physics.power.default_power`); None when the datasheet gives no power limit."""
+    (:attr:`~roofcal.model.coeffs.Coefficients.power`) at the datasheet's power limit and boost
+    clock (so a what-if or a probe's overlay of the limit applies), else the datasheet's defaults
+    (:func:`roofcal.physics.power.default_power`); None when neither gives a power limit."""
     pm = getattr(coeffs, "power", None) if coeffs is not None else None
-    if pm is not None:
-        return pm
+    if pm is not None:                 # the fitted parameters, under the datasheet's own limit (a what-if,
+        from dataclasses import replace   # an overlay a probe measured) when it gives one
+        return replace(pm, limit_w=gpu.power_limit_w or pm.limit_w, boost_mhz=gpu.boost_clock_mhz or pm.boost_mhz)
     if gpu.power_limit_w > 0:
         return P.default_power(gpu.power_limit_w, gpu.boost_clock_mhz)
     return None

@@ -45,7 +45,10 @@ def test_compute_bound_time_follows_the_clock_memory_bound_does_not(c):
 def test_prefill_stream_is_power_limited_decode_stream_is_not(c):
     spec, gpu = load_model("qwen3-14b"), load_gpu("h100_sxm")
     pm = power_of(c, gpu)
-    assert pm is c.power and pm.limit_w == 700.0
+    assert pm == c.power and pm.limit_w == 700.0
+    # the fitted parameters at another limit (a board capped lower): a lower clock
+    capped = power_of(c, gpu.replace(power_limit_w=500.0))
+    assert capped.compute_w == pm.compute_w and capped.limit_w == 500.0
     prefill = operating_point(pm, c.params, spec, gpu, 1, batch_steps([Step(prefill=((8192, 0),))]))
     assert prefill.limited and 1250 < prefill.clock_mhz < 1500 and prefill.compute_scale > 1.08
     assert prefill.demand_w > 700 and prefill.power_w == pytest.approx(700.0, abs=2.0)

@@ -218,6 +218,48 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
     return spec
 
 
+#: schema of a datasheet overlay (what ``roofcal probe`` writes): a ``base`` datasheet (a bundled
+#: name or a path, relative to the overlay's folder) with the power fields measured on the GPU, the
+#: folder of the sustained-load measurement (``sustained``) and what else was measured (``measured``,
+#: ``notes``: informational)
+OVERLAY_SCHEMA = "roofcal-datasheet-overlay/1"
+OVERLAY_FIELDS = ("schema", "base", "sustained", "measured", "notes") + POWER_FIELDS
+
+
+def parse_overlay(raw: dict, path: str | Path) -> GPUSpec:
+    """The base datasheet of an overlay with its power fields replaced (its name and hash are
+    the base's: the same coefficient files apply)."""
+    from roofcal.physics.hardware import load_gpu
+    for key in raw:
+        if key not in OVERLAY_FIELDS:
+            raise RoofcalError(f"{path}: unknown field '{key}' (a datasheet overlay has {', '.join(OVERLAY_FIELDS)})")
+    base = raw.get("base")
+    if not isinstance(base, str) or not base:
+        raise RoofcalError(f"{path}: missing field 'base' (the datasheet this overlay measures)")
+    near = Path(path).parent / base
+    spec = load_gpu(str(near) if base.endswith((".yaml", ".yml")) and near.is_file() else base)
+    changes = {k: _positive(raw[k], path, k) for k in POWER_FIELDS if raw.get(k) is not None}
+    d = asdict(spec)
+    d.update(changes)
+    return GPUSpec(**d)
+
+
+def overlay_sustained(path: str | Path) -> Path | None:
+    """The sustained-load measurement folder an overlay names (relative to it), else None (also
+    for a plain datasheet)."""
+    try:
+        raw = read_yaml(path, "datasheet file")
+    except RoofcalError:
+        return None
+    if not isinstance(raw, dict) or raw.get("schema") != OVERLAY_SCHEMA or not raw.get("sustained"):
+        return None
+    folder = Path(path).parent / str(raw["sustained"])
+    return folder if folder.is_dir() else None
+
+
 def read_datasheet(path: str | Path) -> GPUSpec:
-    """Read and validate one datasheet YAML file."""
-    return parse_datasheet(read_yaml(path, "datasheet file"), path)
+    """Read and validate one datasheet YAML file, or a datasheet overlay (:data:`OVERLAY_SCHEMA`)."""
+    raw = read_yaml(path, "datasheet file")
+    if isinstance(raw, dict) and raw.get("schema") == OVERLAY_SCHEMA:
+        return parse_overlay(raw, path)
+    return parse_datasheet(raw, path)

@@ -1,0 +1,52 @@
+"""``roofcal probe``: measure a GPU's burst peaks, HBM bandwidth and its clock, power and step time
+under a back-to-back load (:func:`roofcal.measurements.probe.run_probe`; a CUDA GPU and PyTorch,
+``pip install -e '.[probe]'``), or turn such a measurement into a datasheet overlay
+(:func:`roofcal.measurements.probe.write_overlay`; no GPU needed).
+
+Examples::
+
+    roofcal probe run --out probe-h100/                  # ~3 minutes on the GPU
+    roofcal probe overlay --from data/sustained/h100_sxm --base h100_sxm --out h100-overlay.yaml
+    roofcal power fit --coeffs coeffs/h100_sxm.yaml --gpu probe-h100/overlay.yaml --out mine.yaml
+    roofcal predict --steps steps.jsonl --gpu probe-h100/overlay.yaml --coeffs mine.yaml --clock sustained ...
+
+Read-only towards the GPU: it never changes clocks, power limits or any other setting.
+"""
+
+from __future__ import annotations
+
+
+def cmd_run(a) -> None:
+    from roofcal.measurements.probe import run_probe
+    out = run_probe(a.out, model=a.model, base=a.base)
+    print(f"wrote the measurement into {a.out} and its overlay {out}; next: roofcal power fit --coeffs FILE "
+          f"--gpu {out} --out FILE2")
+
+
+def cmd_overlay(a) -> None:
+    from roofcal.measurements.probe import write_overlay
+    from roofcal.physics.hardware import load_gpu
+    load_gpu(a.base)                                   # a known datasheet, or a one-line error
+    out = write_overlay(a.source, a.base, a.out)
+    print(f"wrote {out}: {a.base} with the power limit and boost clock measured in {a.source}")
+
+
+def register(sub) -> None:
+    """Add ``probe run`` and ``probe overlay``."""
+    p = sub.add_parser("probe", help="measure a GPU's peaks and its clock and power under load (read-only)")
+    ps = p.add_subparsers(dest="probe_command", required=True)
+    s = ps.add_parser("run", help="measure this machine's GPU (CUDA, PyTorch) into a folder with its overlay",
+                      description="Time one model's layer GEMMs in bursts and back to back while nvidia-smi samples "
+                                  "clock and power; 8192^3 GEMM and HBM-read peaks. Read-only towards the GPU.")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder to write the measurement into")
+    s.add_argument("--model", default="qwen3-14b", help="dense model whose layer GEMMs to run (default qwen3-14b)")
+    s.add_argument("--base", help="datasheet the overlay measures (default: the bundled one nvidia-smi's name aliases)")
+    s.set_defaults(func=cmd_run, outputs=[("out", "dir", "measurement folder (--out)")])
+    s = ps.add_parser("overlay", help="a measurement folder → a datasheet overlay (no GPU needed)",
+                      description="Read a sustained-load measurement folder (roofcal probe run's, or "
+                                  "data/sustained/h100_sxm) and write the datasheet overlay: the base datasheet "
+                                  "with the measured power limit and boost clock, and what else was measured.")
+    s.add_argument("--from", dest="source", required=True, metavar="DIR", help="measurement folder")
+    s.add_argument("--base", required=True, help="bundled GPU name or datasheet path the overlay measures")
+    s.add_argument("--out", metavar="FILE", help="overlay to write (default <DIR>/overlay.yaml)")
+    s.set_defaults(func=cmd_overlay, outputs=[("out", "file", "overlay (--out)")])
