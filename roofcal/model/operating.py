@@ -94,33 +94,27 @@ def step_terms(params: dict, model, gpu, tp: int, batch, scale: float = 1.0) -> 
             "ideal_memory": out["ideal_memory"]}
 
 
-def solve(pm: P.PowerModel, energy, t_ref, sens, s_ref, idle_us=0.0) -> tuple:
-    """(clock ratio, compute scale) of a stream whose mean busy cycle is ``t_ref`` µs at compute
-    scale ``s_ref`` with sensitivity ``sens`` µs, dynamic energy ``energy`` µJ at the boost clock,
-    and ``idle_us`` idle after each cycle."""
-    r = P.clock_ratio(pm, energy, t_ref, sens, s_ref, idle_us)
-    return r, P.compute_scale(pm, r)
-
-
 def operating_point(pm: P.PowerModel | None, params: dict, model, gpu, tp: int, batch,
                     weights=None, idle_us: float = 0.0) -> OperatingPoint:
     """The operating point of a stream of the steps of ``batch``, step i running ``weights[i]``
     times as often as the others (default: each once), each followed by ``idle_us`` µs idle; the
-    burst clock when ``pm`` is None."""
+    burst clock when ``pm`` is None. Empty steps (no tokens) do no work and are left out."""
     if pm is None:
         return burst(pm)
     w = np.ones(batch.num_steps) if weights is None else np.asarray(weights, np.float64)
-    keep = np.flatnonzero(w > 0)                 # (an empty step's sensitivity is not finite)
+    busy = (np.asarray(batch.prefill_mask).sum(1) + np.asarray(batch.decode_mask).sum(1)) > 0
+    keep = np.flatnonzero((w > 0) & busy)
+    if not len(keep):
+        return burst(pm)
     batch, w = batch.take(keep), jnp.asarray(w[keep] / w[keep].sum(), jnp.float32)
-    s = 1.0
+    s, first = 1.0, None
     for _ in range(ITERATIONS):
         t = step_terms(params, model, gpu, tp, batch, s)
+        first = first or t
         energy = P.energy_uj(pm, w @ t["ideal_compute"], w @ t["ideal_memory"])
-        r, s_new = solve(pm, energy, w @ t["total"], w @ t["sens"], s, idle_us)
-        s = float(s_new)
-    t = step_terms(params, model, gpu, tp, batch, s)
-    energy = P.energy_uj(pm, w @ t["ideal_compute"], w @ t["ideal_memory"])
-    t1 = step_terms(params, model, gpu, tp, batch, 1.0)
-    demand = P.stream_power_w(pm, 1.0, energy, w @ t1["total"], w @ t1["sens"], 1.0, idle_us)
-    drawn = P.stream_power_w(pm, r, energy, w @ t["total"], w @ t["sens"], s, idle_us)
+        cycle, sens = w @ t["total"], w @ t["sens"]
+        r = P.clock_ratio(pm, energy, cycle, sens, s, idle_us)
+        drawn = P.stream_power_w(pm, r, energy, cycle, sens, s, idle_us)
+        s = float(P.compute_scale(pm, r))
+    demand = P.stream_power_w(pm, 1.0, energy, w @ first["total"], w @ first["sens"], 1.0, idle_us)
     return OperatingPoint(float(r), float(P.clock_mhz(pm, r)), s, float(demand), float(drawn), pm.limit_w)
