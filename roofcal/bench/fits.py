@@ -11,7 +11,8 @@ Prints (and with ``--out`` writes as Markdown):
 3. coverage of the 80 % prediction bands (:mod:`roofcal.bench.intervals`);
 4. wall time of the default ``roofcal fit`` (cold: no compilation cache) and prediction
    throughput once compiled, with and without bands and flags;
-5. zero-shot and few-shot transfer between GPUs (:mod:`roofcal.bench.transfer`).
+5. zero-shot and few-shot transfer between GPUs (:mod:`roofcal.bench.transfer`);
+6. the power-limited clock on the bundled sustained-load measurement (:mod:`roofcal.bench.power`).
 """
 
 from __future__ import annotations
@@ -266,6 +267,9 @@ def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> 
                                                 "allreduce/custom %"]))
     from roofcal.bench import intervals as interval_bench
     for title, body in interval_bench.report(h100, h100_m, a100, a100_m):
+        emit(title, body)
+    from roofcal.bench import power as power_bench
+    for title, body in power_bench.report(h100.coeffs):
         emit(title, body)
     tp = throughput(h100.coeffs)
     emit("Prediction throughput (CPU, once compiled)",

@@ -347,9 +347,15 @@ class Clock:
     compute_scale: float
     how: str
     stages: tuple = ()
+    cycles: tuple = ()           # per stage: (run, rate req/s, cycle µs at the boost clock, at its own clock)
 
     def text(self) -> str:
         return self.how
+
+    def cycles_text(self) -> str:
+        """Each stage's steady-state cycle at the boost clock and at its own, side by side."""
+        return "; ".join(f"{rate:g} req/s {b / 1e3:.1f} -> {c / 1e3:.1f} ms" if math.isfinite(rate)
+                         else f"limit steps {b / 1e3:.1f} -> {c / 1e3:.1f} ms" for _, rate, b, c in self.cycles)
 
 
 def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str = "sustained",
@@ -371,22 +377,33 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
         return Clock(1.0, "burst clock (as the per-op tables were timed; --clock burst)")
     if pm is None:
         return Clock(1.0, f"burst clock (datasheet {gpu.name} gives no power limit)")
-    stages, weights = [], []
+    from roofcal.model.combine import at_compute_scale, step_breakdown
+    from roofcal.model.serving import run_state
+    stages, weights, cycles = [], [], []
     alphas = jnp.asarray(_stack_alphas(coeffs), jnp.float32)
+    ftc = stack_first_token_cycles(coeffs)
     for t in targets:
         spec, tp = load_model(t.deployment.model), int(t.deployment.tp)
         if not t.experiments:
             sat = mixes(coeffs, t, seed).get("saturated")
             if sat is not None:
-                stages.append((t.stem, math.nan, operating_point(pm, coeffs.params, spec, gpu, tp, sat.batch)))
+                op = operating_point(pm, coeffs.params, spec, gpu, tp, sat.batch)
+                stages.append((t.stem, math.nan, op))
                 weights.append(1.0)
+                mean = lambda p: float(np.mean(np.asarray(step_breakdown(p, spec, gpu, tp, sat.batch)["total"])))  # noqa: E731
+                cycles.append((t.stem, math.nan, mean(coeffs.params),
+                               mean(at_compute_scale(coeffs.params, op.compute_scale))))
             continue
         for e in t.experiments:
             loads = loads_of(e, seed)
-            ops = operating_points(pm, coeffs.params, spec, gpu, tp, loads, [step_grid(ld) for ld in loads], alphas,
-                                   stack_first_token_cycles(coeffs))
+            grids = [step_grid(ld) for ld in loads]
+            ops = operating_points(pm, coeffs.params, spec, gpu, tp, loads, grids, alphas, ftc)
             stages += [(e.name, ld.rate, op) for ld, op in zip(loads, ops)]
             weights += [ld.requests for ld in loads]
+            for ld, g, op in zip(loads, grids, ops):
+                cyc = [float(run_state(p, spec, gpu, tp, [ld], [g], alphas, ftc)["step_us"])
+                       for p in (coeffs.params, at_compute_scale(coeffs.params, op.compute_scale))]
+                cycles.append((e.name, ld.rate, *cyc))
     if not stages:
         return Clock(1.0, "burst clock (no load to take a clock from)")
     w = np.asarray(weights, np.float64)
@@ -396,11 +413,11 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
         how = (f"boost clock: every stage within the {pm.limit_w:,.0f} W limit (the busiest, {busiest[0]}"
                + (f" at {busiest[1]:g} req/s" if math.isfinite(busiest[1]) else "")
                + f", draws {busiest[2].demand_w:,.0f} W)")
-        return Clock(1.0, how, tuple(stages))
+        return Clock(1.0, how, tuple(stages), tuple(cycles))
     limited = sum(op.limited for _, _, op in stages)
     how = (f"sustained: compute-bound time x{scale:.3f} (request-weighted over {len(stages)} stage(s), "
            f"{limited} power-limited; the busiest: {busiest[2].text()})")
-    return Clock(scale, how, tuple(stages))
+    return Clock(scale, how, tuple(stages), tuple(cycles))
 
 
 def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]",
@@ -487,7 +504,8 @@ def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]"
         for name, v in mix_errors(out, coeffs, mix, hw).items():
             errs.setdefault(name, []).append(v)
     out.metrics["mixes"] = {k: float(np.mean(v)) for k, v in errs.items()}
-    out.metrics["clock"] = {"compute_scale": op_clock.compute_scale, "how": op_clock.how}
+    out.metrics["clock"] = {"compute_scale": op_clock.compute_scale, "how": op_clock.how,
+                            "cycles": op_clock.cycles_text()}
     out.provenance["clock"] = {"mode": clock, "compute_scale": round_sig(op_clock.compute_scale, 6)}
     return out
 
@@ -577,6 +595,8 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
                      + (f"; load: {ft['load']}" if ft.get("load") else ""))
         if ex.metrics.get("clock"):
             lines.append(f"  clock: {ex.metrics['clock']['how']}")
+            if ex.metrics["clock"].get("cycles"):
+                lines.append(f"  cycle per stage, boost -> its own clock: {ex.metrics['clock']['cycles']}")
         for t in ex.targets:
             base = (f"--model {t.blis_model} --tp {t.deployment.tp} --hardware {ex.hardware} "
                     f"--latency-model trained-physics --model-config-folder {config_folder(t)} "

@@ -186,11 +186,24 @@ def check(pm: P.PowerModel, models: list[PhaseModel]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fit_models(models: list[PhaseModel], idle_w: float, limit_w: float, boost_mhz: float):
+    """(:class:`~roofcal.physics.power.PowerModel`, residuals) of the phases ``models`` (module
+    docstring): bounded least squares from :data:`START`, the parameters rounded to 6 digits."""
+    from scipy.optimize import least_squares
+    lo = np.array([P.BOUNDS[n][0] for n in NAMES], np.float64)
+    hi = np.array([P.BOUNDS[n][1] for n in NAMES], np.float64)
+    lo[:3] = np.maximum(lo[:3], 1e-3)                    # powers strictly positive
+    x0 = np.clip(np.array([START[n] for n in NAMES], np.float64), lo, hi)
+    fit = least_squares(residuals, x0, bounds=(lo, hi), args=(models, idle_w, limit_w, boost_mhz),
+                        method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
+    x = np.array([float(f"{v:.6g}") for v in fit.x])
+    return _model(x, limit_w, boost_mhz), residuals(x, models, idle_w, limit_w, boost_mhz)
+
+
 def fit_power(meas, params: dict, gpu, kernels: str | None = None) -> PowerFit:
     """Fit the power model of ``gpu`` (its datasheet's ``power_limit_w``; boost clock from the
     datasheet, else the highest clock sampled) on the sustained measurement ``meas`` with the
     kernel corrections ``params`` (module docstring)."""
-    from scipy.optimize import least_squares
     from roofcal.io import file_record
     if gpu.power_limit_w <= 0:
         raise RoofcalError(f"datasheet {gpu.name}: field 'power_limit_w' is needed to fit a power model")
@@ -200,15 +213,7 @@ def fit_power(meas, params: dict, gpu, kernels: str | None = None) -> PowerFit:
     if not boost or not math.isfinite(boost):
         raise RoofcalError(f"{meas.path}: no SM clock samples and no 'boost_clock_mhz' in datasheet {gpu.name}")
     models = phase_models(meas, params, gpu)
-    lo = np.array([P.BOUNDS[n][0] for n in NAMES], np.float64)
-    hi = np.array([P.BOUNDS[n][1] for n in NAMES], np.float64)
-    lo[:3] = np.maximum(lo[:3], 1e-3)                    # powers strictly positive
-    x0 = np.clip(np.array([START[n] for n in NAMES], np.float64), lo, hi)
-    fit = least_squares(residuals, x0, bounds=(lo, hi), args=(models, meas.idle_w, gpu.power_limit_w, boost),
-                        method="trf", x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
-    x = np.array([float(f"{v:.6g}") for v in fit.x])
-    pm = _model(x, float(gpu.power_limit_w), float(boost))
-    res = residuals(x, models, meas.idle_w, gpu.power_limit_w, boost)
+    pm, res = fit_models(models, meas.idle_w, float(gpu.power_limit_w), float(boost))
     files = sorted(p for p in meas.path.iterdir() if p.suffix in (".csv", ".json"))
     source = {"kind": "sustained load against bursts (roofcal.calibration.power)",
               "data": [file_record(p) for p in files], "kernels": kernels,
