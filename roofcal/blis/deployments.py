@@ -347,7 +347,8 @@ class Clock:
     compute_scale: float
     how: str
     stages: tuple = ()
-    cycles: tuple = ()           # per stage: (run, rate req/s, cycle µs at the boost clock, at its own clock)
+    cycles: tuple = ()           # per stage, then the limit steps (rate NaN): (name, rate req/s, cycle µs at the
+                                 # boost clock, at the clock that stream allows)
 
     def text(self) -> str:
         return self.how
@@ -355,7 +356,7 @@ class Clock:
     def cycles_text(self) -> str:
         """Each stage's steady-state cycle at the boost clock and at its own, side by side."""
         return "; ".join(f"{rate:g} req/s {b / 1e3:.1f} -> {c / 1e3:.1f} ms" if math.isfinite(rate)
-                         else f"limit steps {b / 1e3:.1f} -> {c / 1e3:.1f} ms" for _, rate, b, c in self.cycles)
+                         else f"its limit steps {b / 1e3:.1f} -> {c / 1e3:.1f} ms (mean)" for _, rate, b, c in self.cycles)
 
 
 def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str = "sustained",
@@ -384,15 +385,15 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
     ftc = stack_first_token_cycles(coeffs)
     for t in targets:
         spec, tp = load_model(t.deployment.model), int(t.deployment.tp)
-        if not t.experiments:
-            sat = mixes(coeffs, t, seed).get("saturated")
-            if sat is not None:
-                op = operating_point(pm, coeffs.params, spec, gpu, tp, sat.batch)
+        sat = mixes(coeffs, t, seed).get("saturated")
+        if sat is not None:                  # the deployment at its limit: side by side with its stages
+            op = operating_point(pm, coeffs.params, spec, gpu, tp, sat.batch)
+            mean = lambda p: float(np.mean(np.asarray(step_breakdown(p, spec, gpu, tp, sat.batch)["total"])))  # noqa: E731
+            cycles.append((t.stem, math.nan, mean(coeffs.params), mean(at_compute_scale(coeffs.params, op.compute_scale))))
+            if not t.experiments:            # without runs, its limit steps set the clock
                 stages.append((t.stem, math.nan, op))
                 weights.append(1.0)
-                mean = lambda p: float(np.mean(np.asarray(step_breakdown(p, spec, gpu, tp, sat.batch)["total"])))  # noqa: E731
-                cycles.append((t.stem, math.nan, mean(coeffs.params),
-                               mean(at_compute_scale(coeffs.params, op.compute_scale))))
+        if not t.experiments:
             continue
         for e in t.experiments:
             loads = loads_of(e, seed)
