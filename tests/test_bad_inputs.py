@@ -135,7 +135,7 @@ def make_inputs(tmp: Path) -> None:
     if Path(EXP).is_dir():
         shutil.copy(Path(EXP) / "exp-config.yaml", tmp / "exp_noresults" / "exp-config.yaml")
     # multi-output destinations of which one output is a folder
-    for name in ("rep_csvdir/residuals.csv", "rep_mddir/summary.md", f"tr_onebad/{EXP_NAME}.csv",
+    for name in ("rep_csvdir/residuals.csv", "rep_pqdir/residuals.parquet", "rep_mddir/summary.md", f"tr_onebad/{EXP_NAME}.csv",
                  "dd_onebad/llama-2-7b-hf-tp2.yaml"):
         (tmp / name).mkdir(parents=True)
 
@@ -376,7 +376,8 @@ CASES = [
     C("residuals-out-under-file", *RES, "--out", "afile/rep"),
     C("residuals-out-unwritable", *RES, "--out", f"{PROC}/rep"),
     C("residuals-kernels-unknown", *RES, "--kernels", "vllm-9.9.9", "--out", "rep"),
-    C("residuals-out-one-output-is-dir-csv", *RES, "--out", "rep_csvdir"),
+    C("residuals-out-one-output-is-dir-csv", *RES, "--csv", "--out", "rep_csvdir"),
+    C("residuals-out-one-output-is-dir-parquet", *RES, "--out", "rep_pqdir"),
     C("residuals-out-one-output-is-dir-md", *RES, "--out", "rep_mddir"),
 
     # ---- gpu list / show
