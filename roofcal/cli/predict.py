@@ -23,7 +23,7 @@ def cmd_predict(a) -> None:
                      kernels=a.kernels)
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
-    print(summary(df, "rows" if a.ops else "steps"))
+    print(summary(df, "rows" if a.ops else "steps", neutral=a.coeffs is None))
     line = interval_summary(df, "rows" if a.ops else "steps")
     if line:
         print(line)

@@ -486,3 +486,12 @@ def test_heatmap_panels_are_steps_and_attention_kernels_only(report):
     res, _ = report
     titles = [t for t, _ in plots.heat_panels(res.table)]
     assert titles and all(t.endswith(" steps") or t.startswith("attn_") for t in titles), titles
+
+
+def test_attribution_line_does_not_contradict_itself():
+    # the scale minimises the squared log error; MAPE may rise: the line says so rather than
+    # "would remove 5 % of the error (MAPE 17.4 % → 18.4 %)"
+    from roofcal.inspection.attribution import effect_text
+    assert effect_text(5.2, 17.4, 18.4) == "remove 5% of the squared log error, but raise MAPE 17.4% → 18.4%"
+    assert effect_text(95, 28.3, 8.6) == "remove 95% of the squared log error (MAPE 28.3% → 8.6%)"
+    assert effect_text(1, 10.04, 10.01) == "remove 1% of the squared log error (MAPE 10.0% → 10.0%)"
