@@ -55,3 +55,37 @@ def test_readme_test_command_prints_the_summary_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^1 passed\b", proc.stdout, re.M), f"no summary line:\n{proc.stdout}"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+def test_readme_is_short_and_finished():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README has {len(lines)} lines (a ten-minute read: ≤ 200)"
+    assert not [ln for ln in lines if "⟨" in ln], "README has unfilled figures"
+
+
+def test_every_link_of_the_readme_and_docs_resolves():
+    """Every relative link of README.md and docs/*.md names a file that exists, and an anchor
+    that is a heading of it (pages moved from the README keep working)."""
+    broken = []
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue                                    # http(s), mailto
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
