@@ -251,7 +251,7 @@ def datasheet_yaml(spec: GPUSpec, header: str = "") -> str:
     text = yaml_text(datasheet_dict(spec), sort_keys=False, allow_unicode=True,
                      default_flow_style=False, width=1 << 20)
     out = [f"# {ln}" if ln else "#" for ln in header.splitlines()]
-    out += [f"# {SCHEMA}: every figure a dense vendor peak (no sparsity); the fields:"]
+    out += [f"# {SCHEMA}: peaks are dense vendor figures (no sparsity); the fields:"]
     out += [f"#   {ln}" for ln in schema_lines()]
     for line in text.splitlines():
         key = line.strip().split(":", 1)[0]
