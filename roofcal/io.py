@@ -74,10 +74,21 @@ def _nearest_folder(path: Path, what: str) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=".roofcal-probe-", dir=probe)
     except OSError as err:
-        raise RoofcalError(f"{path}: cannot write the {what} in {probe}: {err.strerror or err}") from None
+        raise RoofcalError(f"{path}: cannot write the {what}: {refusal(probe, err)}") from None
     os.close(fd)
     os.unlink(tmp)
     return probe
+
+
+def refusal(folder: Path, err: OSError) -> str:
+    """Why no file could be made in ``folder``, which exists, in words that fit: the system's own
+    reason, except its "No such file or directory" for a folder that is there (a virtual file
+    system such as ``/proc`` or ``/sys`` answers so)."""
+    import errno
+    if err.errno == errno.ENOENT and folder.is_dir():
+        return (f"the folder {folder} exists but accepts no new files (a virtual file system such as "
+                f"/proc or /sys); choose another folder")
+    return f"no file can be made in {folder}: {err.strerror or err}"
 
 
 def check_output(path: str | os.PathLike, what: str = "output file") -> Path:

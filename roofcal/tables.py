@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def count(n, unit: str) -> str:
+    """``n`` with its unit, singular for one: ``count(1, "steps")`` → ``1 step``, ``3 steps``."""
+    n = int(n)
+    return f"{n} {unit[:-1] if n == 1 and unit.endswith('s') else unit}"
+
+
 def table(rows: list[dict], columns: list[str], floats: str = "{:.2f}") -> str:
     """A Markdown table (also readable in a terminal) of ``rows`` restricted to ``columns``."""
     def cell(v):

@@ -113,6 +113,8 @@ def make_inputs(tmp: Path) -> None:
     w("steps_unknown.jsonl", '{"foo": 1}\n')
     w("steps_neg.jsonl", '{"prefill": [[-5, 0]], "decode": []}\n')
     w("steps_nan.jsonl", '{"prefill": [], "decode": [NaN]}\n')
+    w("steps_tp3.jsonl", '{"prefill": [[512, 0]], "decode": []}\n{"prefill": [], "decode": [64], "tp": 3}\n')
+    w("stepsd_tp3.jsonl", '{"prefill": [[2048, 0]], "decode": [], "duration_us": 90000, "tp": 3}\n')
     # datasheets
     ds = L4_DATASHEET.read_text(encoding="utf-8")
     assert "hbm_bandwidth_tbs: 0.3\n" in ds
@@ -139,7 +141,7 @@ def make_inputs(tmp: Path) -> None:
     if Path(EXP).is_dir():
         shutil.copy(Path(EXP) / "exp-config.yaml", tmp / "exp_noresults" / "exp-config.yaml")
     # multi-output destinations of which one output is a folder
-    for name in ("rep_csvdir/residuals.csv", "rep_mddir/summary.md", f"tr_onebad/{EXP_NAME}.csv",
+    for name in ("rep_csvdir/residuals.csv", "rep_pqdir/residuals.parquet", "rep_mddir/summary.md", f"tr_onebad/{EXP_NAME}.csv",
                  "dd_onebad/llama-2-7b-hf-tp2.yaml"):
         (tmp / name).mkdir(parents=True)
 
@@ -172,11 +174,12 @@ class Case:
     argv: tuple
     timeout: float = 60.0
     needs_shared: bool = False
+    says: str = ""             # a regular expression the error line must match: the right input named
 
 
-def C(id, *argv, timeout=60.0):
+def C(id, *argv, timeout=60.0, says=""):
     argv = tuple(str(a) for a in argv)
-    return Case(id, argv, timeout, any(a.startswith(str(SHARED)) for a in argv))
+    return Case(id, argv, timeout, any(a.startswith(str(SHARED)) for a in argv), says)
 
 
 CASES = [
@@ -221,6 +224,11 @@ CASES = [
       "--tp", "-2", "--out", "o.csv"),
     C("predict-tp-1000", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm",
       "--tp", "1000", "--out", "o.csv"),
+    # the TP that does not divide the heads is blamed on where it came from: the option or the line
+    C("predict-tp-3-of-32-heads", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu",
+      "h100_sxm", "--tp", "3", "--out", "o.csv", says=r"^roofcal: error: --tp: TP 3 does not divide"),
+    C("predict-steps-tp-3-of-32-heads", "predict", "--steps", "steps_tp3.jsonl", *M7, "--out", "o.csv",
+      says=r"^roofcal: error: steps_tp3\.jsonl: step 2 'tp': TP 3 does not divide"),
     C("predict-tp-not-int", "predict", "--steps", "steps.jsonl", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm",
       "--tp", "1.5", "--out", "o.csv"),
     C("predict-model-unknown", "predict", "--steps", "steps.jsonl", "--model", "no-such-model", "--gpu", "h100_sxm",
@@ -242,7 +250,8 @@ CASES = [
     C("predict-no-input", "predict", "--out", "o.csv"),
     C("predict-out-under-file", "predict", "--steps", "steps.jsonl", *M7, "--out", "afile/o.csv"),
     C("predict-out-is-dir", "predict", "--steps", "steps.jsonl", *M7, "--out", "adir"),
-    C("predict-out-unwritable", "predict", "--steps", "steps.jsonl", *M7, "--out", f"{PROC}/o.csv"),
+    C("predict-out-unwritable", "predict", "--steps", "steps.jsonl", *M7, "--out", f"{PROC}/o.csv",
+      says=r"the folder /proc exists but accepts no new files"),      # not "No such file or directory"
 
     # ---- fit (never without --out: the default is a file of the project)
     C("fit-data-missing", *FIT, "--data", "nope.jsonl", "--out", "f.yaml"),
@@ -254,6 +263,10 @@ CASES = [
     C("fit-prior-csv", *FIT, *STEPS_D, "--prior", "table.csv", "--out", "f.yaml"),
     C("fit-prior-unknown-top-key", *FIT, *STEPS_D, "--prior", "c_topkey.yaml", "--out", "f.yaml"),
     C("fit-prior-unknown-op-key", *FIT, *STEPS_D, "--prior", "c_opkey.yaml", "--out", "f.yaml"),
+    C("fit-tp-3-of-32-heads", *FIT, "--data", "stepsd.jsonl", "--model", "llama-2-7b-hf", "--tp", "3",
+      "--out", "f.yaml", says=r"^roofcal: error: --tp: TP 3 does not divide"),
+    C("fit-steps-tp-3-of-32-heads", *FIT, "--data", "stepsd_tp3.jsonl", "--model", "llama-2-7b-hf", "--tp", "1",
+      "--out", "f.yaml", says=r"stepsd_tp3\.jsonl: step 1 'tp': TP 3 does not divide"),
     C("fit-tp-0", *FIT, "--data", "stepsd.jsonl", "--model", "llama-2-7b-hf", "--tp", "0", "--out", "f.yaml"),
     C("fit-holdout-above-1", *FIT, *STEPS_D, "--holdout", "1.5", "--out", "f.yaml"),
     C("fit-holdout-negative", *FIT, *STEPS_D, "--holdout", "-0.2", "--out", "f.yaml"),
@@ -380,7 +393,8 @@ CASES = [
     C("residuals-out-under-file", *RES, "--out", "afile/rep"),
     C("residuals-out-unwritable", *RES, "--out", f"{PROC}/rep"),
     C("residuals-kernels-unknown", *RES, "--kernels", "vllm-9.9.9", "--out", "rep"),
-    C("residuals-out-one-output-is-dir-csv", *RES, "--out", "rep_csvdir"),
+    C("residuals-out-one-output-is-dir-csv", *RES, "--csv", "--out", "rep_csvdir"),
+    C("residuals-out-one-output-is-dir-parquet", *RES, "--out", "rep_pqdir"),
     C("residuals-out-one-output-is-dir-md", *RES, "--out", "rep_mddir"),
 
     # ---- gpu list / show
@@ -396,6 +410,12 @@ CASES = [
     C("gpu-show-negative-field", "gpu", "show", "ds_negative.yaml"),
     C("gpu-show-nan-field", "gpu", "show", "ds_nan.yaml"),
     C("gpu-show-unknown-field", "gpu", "show", "ds_unknown.yaml"),
+    C("gpu-show-out-without-yaml", "gpu", "show", "l4", "--out", "l4.yaml", says=r"give --yaml"),
+    C("gpu-show-yaml-out-is-dir", "gpu", "show", "l4", "--yaml", "--out", "adir"),
+    C("gpu-show-yaml-out-unwritable", "gpu", "show", "l4", "--yaml", "--out", f"{PROC}/l4.yaml",
+      says=r"accepts no new files"),
+    C("gpu-show-yaml-of-a-bad-datasheet", "gpu", "show", "ds_missing.yaml", "--yaml", "--out", "o.yaml",
+      says=r"ds_missing\.yaml: missing field 'hbm_bandwidth_tbs'"),
 
     # ---- gpu bootstrap
     C("gpu-bootstrap-datasheet-unknown", "gpu", "bootstrap", "--datasheet", "z100", "--from", "coeffs.yaml",
@@ -646,6 +666,8 @@ def check_outcome(case, code, exited, seconds, err, before, after):
         assert code == 2, f"{where}: returned {code!r}, not 2"
         assert len(lines) == 1, f"{where}: stderr has {len(lines)} lines, not 1:\n{err}"
         assert lines[-1].startswith("roofcal: error:"), f"{where}: stderr is not 'roofcal: error: …':\n{err}"
+    if case.says:
+        assert re.search(case.says, lines[-1]), f"{where}: the error does not say /{case.says}/:\n{err}"
     assert after == before, f"{where}: files written or changed: {changes(before, after)}"
 
 

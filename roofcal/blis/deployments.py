@@ -47,12 +47,14 @@ NOMINAL_CONTEXT = 1024
 @dataclass(frozen=True, eq=False)
 class Target:
     """What to export for: a ``deployment`` (model config, TP), the name BLIS's ``--model`` takes,
-    and the runs it will serve (may be empty: nominal load)."""
+    and the runs it will serve (may be empty: nominal load); ``left_out``: names of the
+    deployment's runs not used, because they overloaded (their load is no steady state)."""
 
     deployment: Deployment
     blis_model: str
     experiments: tuple = ()
     name: str = ""            # file stem; default ``<model>-tp<T>``
+    left_out: tuple = ()
 
     @property
     def stem(self) -> str:
@@ -313,27 +315,37 @@ def deployment_cycle(coeffs: Coefficients, target: Target, api_us: float, alphas
         cyc = float(np.asarray(t)[0])
         return {"api_us": float(api_us), "cycle_us": cyc, "cycle_delay_us": cycles * cyc,
                 "load": f"nominal: a step of {NOMINAL_DECODES} decodes at {NOMINAL_CONTEXT} tokens"}
-    runs, left_out = [], 0
+    from roofcal.tables import count
+    runs, stages_out, runs_out = [], 0, []
     for e in target.experiments:
         loads = loads_of(e, seed)
         states = [run_state(coeffs.params, spec, gpu, tp, [ld], [step_grid(ld)], jnp.asarray(alphas, jnp.float32),
                             cycles) for ld in loads]
         free = [ld for ld, m in zip(loads, states) if float(m["running"]) < ld.max_seqs - 0.5]
-        left_out += len(loads) - len(free)
         if free:
             runs.append(first_token_parts(coeffs.params, spec, gpu, tp, free, alphas, cycles))
-    how = f"{len(runs)} run(s), their stages' steady state"
-    if not runs:                               # every stage saturates: take them all
+            stages_out += len(loads) - len(free)
+        else:
+            runs_out.append(e.name)
+    total = len(target.experiments) + len(target.left_out)
+    saturate = not runs
+    if saturate:                               # every stage saturates: take them all
         runs = [first_token_parts(coeffs.params, spec, gpu, tp, loads_of(e, seed), alphas, cycles)
                 for e in target.experiments]
-        how += "; every stage saturates"
-    elif left_out:
-        how += f"; {left_out} saturated stage(s) left out"
+        runs_out = []
+    how = (f"{len(runs)} of {total} runs" if len(runs) < total else count(total, "runs")) \
+        + f", {'its' if len(runs) == 1 else 'their'} stages' steady state" \
+        + (" (every stage saturates)" if saturate else "") \
+        + (", weighted by 1/TTFT²" if len(runs) > 1 else "")
+    if target.left_out:
+        how += f"; left out, overloaded when measured: {', '.join(target.left_out)}"
+    if runs_out:
+        how += f"; left out, every stage saturates in the steady state: {', '.join(runs_out)}"
+    if stages_out:
+        how += f"; {count(stages_out, 'saturated stages')} of the others left out"
     w = np.array([1.0 / r["ttft_us"] ** 2 for r in runs])
     w = w / w.sum()
     parts = {k: float(np.dot(w, [r[k] for r in runs])) for k in runs[0]}
-    if len(runs) > 1:
-        how += ", weighted by 1/TTFT²"
     return {**parts, "cycle_us": parts["step_us"], "cycle_delay_us": cycles * parts["step_us"], "load": how}
 
 

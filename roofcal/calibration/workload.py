@@ -297,7 +297,8 @@ def export_targets(exps, model_configs, per_run: bool = False):
     out = []
     for t in targets_for_experiments(exps, model_configs):
         scored = tuple(e for e in t.experiments if not e.overload)
-        out.append(Target(t.deployment, t.blis_model, scored or t.experiments))
+        out.append(Target(t.deployment, t.blis_model, scored or t.experiments,
+                          left_out=tuple(e.name for e in t.experiments if e.overload) if scored else ()))
     return out
 
 

@@ -3,7 +3,9 @@
 * ``gpu list``: every bundled datasheet (dense peaks, bandwidths, SMs, balance point) and its
   sources.
 * ``gpu show NAME|FILE.yaml``: one datasheet in full; a file is validated (missing fields and
-  sparsity figures are refused with the field named).
+  sparsity figures are refused with the field named). ``--yaml [--out FILE]``: the datasheet as
+  the YAML file every ``--gpu`` / ``--datasheet`` reads back to the same GPU — a new GPU's
+  starting point (:func:`roofcal.physics.hardware.datasheet.datasheet_yaml`).
 * ``gpu bootstrap --datasheet NAME|FILE.yaml --from REF.yaml --out NEW.yaml``: zero-shot
   coefficients for a new GPU (:mod:`roofcal.bootstrap`), marked ``calibrated: false``.
 * ``whatif --steps S --set field=value ...``: step times before and after a datasheet change and
@@ -69,12 +71,77 @@ def show_text(name: str) -> str:
     return "\n".join(lines)
 
 
+def here(path) -> str:
+    """``path`` as a command run from the current folder names it: relative below it, else
+    absolute (hints printed for the user to run)."""
+    import os
+    rel = os.path.relpath(os.path.abspath(path))
+    return rel if not rel.startswith("..") else os.path.abspath(path)
+
+
+def reference_coeffs() -> str:
+    """The shipped H100 coefficient file, as :func:`here` names it: the reference of a bootstrap."""
+    from roofcal.resources import COEFFS
+    return here(COEFFS / "h100_sxm.yaml")
+
+
+def yaml_text(name: str) -> str:
+    """``roofcal gpu show NAME --yaml``: the datasheet as the YAML file that every ``--gpu`` and
+    ``--datasheet`` reads back to the same GPU (:func:`roofcal.physics.hardware.datasheet_yaml`),
+    headed by how to make a new GPU's datasheet from it."""
+    from roofcal.physics.hardware import datasheet_yaml, load_gpu
+    g = load_gpu(name)
+    return datasheet_yaml(g, header=(
+        f"The {g.name} datasheet as roofcal reads it (roofcal gpu show {name} --yaml).\n"
+        "For a new GPU: give it a new name, drop the aliases, replace every figure and the sources\n"
+        "with its spec sheet's, then: roofcal gpu bootstrap --datasheet THIS_FILE --from "
+        "coeffs/h100_sxm.yaml --out NEW.yaml"))
+
+
+def gpu_argument(name: str) -> str:
+    """How a later command names the GPU ``name`` (a bundled name, an alias or a datasheet path)
+    given to this one: the path as given for a file, else the bundled datasheet's own name."""
+    from pathlib import Path
+
+    from roofcal.physics.hardware import load_gpu
+    if str(name).endswith((".yaml", ".yml")) or Path(str(name)).is_file():
+        return str(name)
+    return load_gpu(name).name
+
+
+def next_steps(datasheet: str, coeffs: str) -> list[str]:
+    """The commands that follow a bootstrap (``roofcal gpu bootstrap`` prints them): predict with
+    the new file, then refine it by a few-shot fit on measured kernels. Words in capitals are the
+    user's own files (a step JSONL, a bundled model and its TP, per-op measurements)."""
+    import shlex
+    gpu, c = shlex.quote(gpu_argument(datasheet)), shlex.quote(str(coeffs))
+    return [f"roofcal predict --gpu {gpu} --coeffs {c} --model MODEL --tp TP --steps STEPS.jsonl --out pred.csv",
+            f"roofcal fit --gpu {gpu} --prior {c} --data KERNELS"]
+
+
 def cmd_gpu_list(a) -> None:
     print(list_text())
 
 
 def cmd_gpu_show(a) -> None:
-    print(show_text(a.name))
+    from roofcal.errors import RoofcalError
+    if a.out and not a.yaml:
+        raise RoofcalError("gpu show: --out writes the datasheet YAML; give --yaml too")
+    if not a.yaml:
+        print(show_text(a.name))
+        return
+    text = yaml_text(a.name)
+    if not a.out:
+        print(text, end="")
+        return
+    import shlex
+
+    from roofcal.io import write_text_atomic
+    write_text_atomic(a.out, text)
+    print(f"wrote {a.out} ({len(text.encode()):,} bytes): the {gpu_argument(a.name)} datasheet; for a new "
+          f"GPU edit its name, figures and sources, then")
+    print(f"  roofcal gpu bootstrap --datasheet {shlex.quote(a.out)} --from "
+          f"{shlex.quote(reference_coeffs())} --out NEW.yaml")
 
 
 def cmd_gpu_bootstrap(a) -> None:
@@ -84,6 +151,9 @@ def cmd_gpu_bootstrap(a) -> None:
           f"{len(c.params['ops'])} kernel kinds/variants")
     for n in c.notes:
         print(f"  - {n}")
+    print("next (words in capitals are yours: a step JSONL, a bundled model and TP, measured kernels):")
+    for line in next_steps(a.datasheet, a.out):
+        print(f"  {line}")
 
 
 def cmd_gpu_transfer_bands(a) -> None:
@@ -133,9 +203,14 @@ def register(sub) -> None:
     gs = g.add_subparsers(dest="gpu_command", required=True)
     s = gs.add_parser("list", help="bundled datasheets with their sources")
     s.set_defaults(func=cmd_gpu_list)
-    s = gs.add_parser("show", help="one datasheet in full (bundled name, alias or .yaml path)")
+    s = gs.add_parser("show", help="one datasheet in full (bundled name, alias or .yaml path); "
+                                   "--yaml: as a datasheet file, the template of a new GPU's")
     s.add_argument("name")
-    s.set_defaults(func=cmd_gpu_show)
+    s.add_argument("--yaml", action="store_true",
+                   help="print the datasheet as the YAML file roofcal reads (every --gpu and "
+                        "--datasheet accepts it)")
+    s.add_argument("--out", metavar="FILE", help="with --yaml: write it to FILE instead")
+    s.set_defaults(func=cmd_gpu_show, outputs=[("out", "file", "datasheet file (--out)")])
     s = gs.add_parser("bootstrap", help="zero-shot coefficients for a GPU from its datasheet")
     s.add_argument("--datasheet", required=True, help="new GPU: bundled name or datasheet .yaml")
     s.add_argument("--from", dest="from_", required=True, help="reference coefficient file")

@@ -37,8 +37,30 @@ def enable_compilation_cache() -> None:
             os.environ.setdefault(k.upper(), str(v))
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``-h`` shows every option's default: `` (default: X)`` after its help, unless the help
+    already says what the default is, or there is none to show (no value, a flag that is off)."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default in (None, False, argparse.SUPPRESS) or "default" in text.lower()
+                or not action.option_strings or isinstance(default, (list, tuple)) and not default):
+            return text
+        shown = ", ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
+class Parser(argparse.ArgumentParser):
+    """roofcal's parsers, the subcommands' too: ``-h`` shows defaults (:class:`DefaultsHelpFormatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="roofcal", description=__doc__.splitlines()[0])
+    p = Parser(prog="roofcal", description=__doc__.splitlines()[0])
     from roofcal import __version__
     p.add_argument("--version", action="version", version=f"roofcal {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

@@ -29,7 +29,7 @@ def cmd_predict(a) -> None:
             print(f"{m} TP{t} on {g}, the steps back to back: "
                   + (f"SM {mhz:,.0f} MHz, compute-bound time x{s:.3f} (power-limited)" if s > 1 else
                      "boost clock (within the power limit)"))
-    print(summary(df, "rows" if a.ops else "steps"))
+    print(summary(df, "rows" if a.ops else "steps", neutral=a.coeffs is None))
     line = interval_summary(df, "rows" if a.ops else "steps")
     if line:
         print(line)

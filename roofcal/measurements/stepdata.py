@@ -23,7 +23,7 @@ import pandas as pd
 
 from roofcal.physics.config import ModelSpec, check_tp, load_model
 from roofcal.errors import RoofcalError
-from roofcal.physics.steps import StepBatch, batch_steps, group_by_deployment, read_steps, uniform_steps
+from roofcal.physics.steps import StepBatch, batch_steps, given_by, group_by_deployment, read_steps, uniform_steps
 
 SPLITWISE_COLUMNS = {"model", "hardware", "prompt_size", "batch_size", "token_size",
                      "tensor_parallel", "prompt_time", "token_time"}
@@ -121,7 +121,7 @@ def read_step_jsonl(path: str | Path, model=None, gpu=None, tp=None,
     out = []
     for (m, g, t), idx in groups.items():
         spec = load_model(m)
-        check_tp(spec, int(t), f"{path}: tp")
+        check_tp(spec, int(t), given_by(steps, idx, "tp", str(path)))
         sel = [steps[i] for i in idx]
         from roofcal.physics.hardware import load_gpu
         nan = lambda v: np.nan if v is None else v

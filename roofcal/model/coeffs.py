@@ -207,7 +207,9 @@ class Coefficients:
         datasheet (their efficiencies are relative to the datasheet's peaks)."""
         if gpu.name != self.gpu:
             raise RoofcalError(f"{self.source}: coefficients were fitted for GPU '{self.gpu}', not "
-                               f"'{gpu.name}' ({where}); bootstrap them with 'roofcal gpu bootstrap'")
+                               f"'{gpu.name}' ({where}); carry them to it with 'roofcal gpu bootstrap "
+                               f"--datasheet {gpu.name} --from {self.source} --out NEW.yaml' (a datasheet "
+                               f"file in place of the name for a GPU that is not bundled)")
         if gpu.sha256() != self.datasheet_sha256:
             raise RoofcalError(f"{self.source}: fitted for a different version of the '{gpu.name}' "
                                f"datasheet (hash {self.datasheet_sha256[:12]}, now "

@@ -306,13 +306,18 @@ def _step_details(ops: dict, model, tp: int, totals, dist, what) -> np.ndarray:
     return out
 
 
-def summary(df: pd.DataFrame, unit: str = "steps") -> str:
+def summary(df: pd.DataFrame, unit: str = "steps", neutral: bool = False) -> str:
     """One line saying how many rows are out of domain and why, e.g. ``3 of 10 steps out of
     domain: 2 beyond the fitted shapes (attn_decode.context up to 6.3 log2), 1 beyond the context
-    limit; 1 does not fit in memory``. Columns missing from ``df`` are skipped."""
+    limit; 1 does not fit in memory``. Rows with kernels that have no fitted data have no fitted
+    shapes to be checked against, and are never called inside the domain. ``neutral``: the
+    prediction came from the neutral roofline defaults (no coefficient file), which the line says
+    instead of calling the rows zero-shot. Columns missing from ``df`` are skipped."""
+    from roofcal.tables import count
     n = len(df)
     col = lambda name, default: df[name].to_numpy() if name in df.columns else np.full(n, default)
     shape, ctx = col("ood_shape", 0.0).astype(float) > 0, col("ood_context", False).astype(bool)
+    unchecked = col("no_kernel_data", False).astype(bool)
     ood = shape | ctx
     parts = []
     if shape.any():
@@ -330,16 +335,24 @@ def summary(df: pd.DataFrame, unit: str = "steps") -> str:
         parts.append(f"{shape.sum()} beyond the fitted shapes ({'; '.join(names)}{more})")
     if ctx.any():
         parts.append(f"{ctx.sum()} beyond the context limit")
-    line = (f"{ood.sum()} of {n} {unit} out of domain: " + ", ".join(parts)) if ood.any() \
-        else f"all {n} {unit} inside the fitted domain"
+    if ood.any():
+        line = f"{ood.sum()} of {n} {unit} out of domain: " + ", ".join(parts)
+    elif unchecked.all():
+        line = (f"{count(n, unit)} not checked against a fitted domain: "
+                + ("no fitted data (neutral roofline defaults, no --coeffs)" if neutral
+                   else f"{'its' if n == 1 else 'their'} kernels have no fitted data"))
+    elif unchecked.any():
+        line = f"{n - unchecked.sum()} of {n} {unit} inside the fitted domain"
+    else:
+        line = f"all {n} {unit} inside the fitted domain" if n != 1 else f"the 1 {unit[:-1]} inside the fitted domain"
     extra = []
     nofit = ~col("fits_memory", True).astype(bool)
     if nofit.any():
         extra.append(f"{nofit.sum()} {'does' if nofit.sum() == 1 else 'do'} not fit in memory")
     zs = col("zero_shot", False).astype(bool)
-    if zs.any():
+    if zs.any() and not neutral:
         extra.append(f"{zs.sum()} zero-shot (coefficients or serving stack not calibrated on this GPU)")
-    nk = col("no_kernel_data", False).astype(bool)
-    if nk.any():
-        extra.append(f"{nk.sum()} with kernels that have no fitted data")
+    if unchecked.any() and (ood.any() or not unchecked.all()):
+        extra.append("neutral roofline defaults (no --coeffs): no fitted shapes to check" if neutral else
+                     f"{unchecked.sum()} with kernels that have no fitted data (their shapes not checked)")
     return "; ".join([line] + extra)

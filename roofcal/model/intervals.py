@@ -315,6 +315,7 @@ def summary(df, unit: str = "steps") -> str:
     """One line on the intervals of a prediction table, e.g. ``80 % interval: median −7 % /
     +8 % of the prediction; 3 steps from kernels only (their serving stack's own error is not
     in the band)``; empty when ``df`` has no interval columns."""
+    from roofcal.tables import count
     if "p10_us" not in df.columns:
         return ""
     pred = df["predicted_us"].to_numpy(np.float64)
@@ -326,24 +327,24 @@ def summary(df, unit: str = "steps") -> str:
     parts = [f"80 % interval: median {np.median(lo[ok]) * 100:+.0f} % / {np.median(hi[ok]) * 100:+.0f} % "
              "of the prediction"]
     if (~ok).any():
-        parts.append(f"{(~ok).sum()} {unit} without one (no held-out data for their kernels)")
+        parts.append(f"{count((~ok).sum(), unit)} without one (no held-out data for their kernels)")
     if "interval_basis" in df.columns:
         basis = df["interval_basis"].astype(str).to_numpy()
         plain = np.char.replace(np.char.replace(basis.astype(str), CACHED, ""), EXTRAPOLATED, "")
         k = np.isin(plain, ("kernels", "kernels (partial)")).sum()
         if k:
-            parts.append(f"{k} {unit} from kernels only (their serving stack has no held-out "
+            parts.append(f"{count(k, unit)} from kernels only (their serving stack has no held-out "
                          "steps, so its own error is not in the band)")
         x = (np.char.find(basis.astype(str), EXTRAPOLATED) >= 0).sum()
         if x:
-            parts.append(f"{x} {unit} widened for kernels outside their fitted shapes (ood_shape; "
+            parts.append(f"{count(x, unit)} widened for kernels outside their fitted shapes (ood_shape; "
                          "roofcal.model.intervals.EXTRAPOLATION)")
         c = np.char.endswith(basis.astype(str), CACHED).sum()
         if c:
-            parts.append(f"{c} {unit} widened for prefill attention over a cached prefix (its "
+            parts.append(f"{count(c, unit)} widened for prefill attention over a cached prefix (its "
                          "measured error, roofcal.model.intervals.CACHED_PREFIX)")
     elif "ood_shape" in df.columns:
         x = (df["ood_shape"].to_numpy(np.float64) > 0).sum()
         if x:
-            parts.append(f"{x} {unit} widened for shapes outside the fitted range (ood_shape)")
+            parts.append(f"{count(x, unit)} widened for shapes outside the fitted range (ood_shape)")
     return "; ".join(parts)

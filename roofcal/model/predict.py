@@ -24,7 +24,7 @@ from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
 from roofcal.physics.decompose import step_ops
-from roofcal.physics.steps import Step, batch_steps, group_by_deployment, read_steps
+from roofcal.physics.steps import Step, batch_steps, given_by, group_by_deployment, read_steps
 
 
 def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False,
@@ -64,7 +64,7 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
     frames = []
     for (m, g, t), idx in group_by_deployment(records, model, gpu, tp, src).items():
         spec, gspec = load_model(m), load_gpu(g)
-        check_tp(spec, int(t), where=f"{src}: tp")
+        check_tp(spec, int(t), where=given_by(records, idx, "tp", src))
         recs = [records[i] for i in idx]
         c = resolve_coeffs(coeffs, gspec, stack, steps=True, kernels=kernels)
         df = compute(c, spec, gspec, int(t), batch_steps(recs), recs)

@@ -303,9 +303,12 @@ def capacity(model: ModelSpec, gpu: GPUSpec, tp: int, kv_dtype: str = "auto",
             f"activations {reserved / GIB:.1f} GiB per GPU leave no KV cache of {requested / GIB:.1f} "
             f"GiB usable; {fix}")
     notes = [
-        f"total memory {CUDA_VISIBLE_FRACTION:g} × {gpu.hbm_capacity_gib:g} GiB (as CUDA reports it)",
+        f"total memory {CUDA_VISIBLE_FRACTION:g} × {gpu.hbm_capacity_gib:g} GiB (as CUDA reports it), of "
+        f"which vLLM takes gpu_memory_utilization {gpu_memory_utilization:g}: {requested / GIB:.2f} GiB",
         f"reserved {reserved / GIB:.2f} GiB: activation peak of a {max_num_batched_tokens}-token, "
         f"{max_num_seqs}-sequence profiling run + {NON_TORCH_GIB:g} GiB non-torch",
+        f"KV cache: {requested / GIB:.2f} − {weights / GIB:.2f} (weights) − {reserved / GIB:.2f} (reserved) "
+        f"= {available / GIB:.2f} GiB, in blocks of {block_size} tokens",
     ]
     if model.is_mla:
         notes.append("MLA latent KV cache replicated on every TP rank")

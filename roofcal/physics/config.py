@@ -9,7 +9,7 @@ example ``num_hidden_layers`` / ``n_layer`` / ``num_layers``). Two aliases given
 values are a contradiction and refused. Multimodal configs keep the language model under
 ``text_config``, whose fields take precedence over the root's.
 
-Conventions chosen where configs are ambiguous (each documented in the README):
+Conventions chosen where configs are ambiguous (each documented in docs/model.md):
 
 * Layer ``i`` (0-based) of a model with ``interleave_moe_layer_step = s`` is MoE iff
   ``(i + 1) % s == 0`` (HuggingFace / vLLM Llama-4), so ``s = 1`` makes every layer MoE.

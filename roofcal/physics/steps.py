@@ -244,3 +244,13 @@ def group_by_deployment(steps: Sequence[Step], model=None, gpu=None, tp=None,
                                    f"'{name}' field)")
         groups.setdefault(dep, []).append(i)
     return groups
+
+
+def given_by(steps: Sequence[Step], idx: Sequence[int], name: str, src: str = "steps") -> str:
+    """Where the ``name`` (model, gpu or tp) of the steps ``idx`` of one deployment came from, for
+    an error to blame: the first of them that names it itself (``steps.jsonl: step 3 'tp'``),
+    else the command-line option they all took it from (``--tp``)."""
+    for i in idx:
+        if getattr(steps[i], name, None) is not None:
+            return f"{src}: step {i + 1} '{name}'"
+    return f"--{name}"

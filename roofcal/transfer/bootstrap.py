@@ -229,7 +229,8 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
     return [
         f"zero-shot bootstrap for {new_gpu.name} from {ref.source} (fitted on {ref_gpu.name}), "
         f"rule '{rule}'; not calibrated on {new_gpu.name}: expect per-op errors of 15-30 %; "
-        f"refine with 'roofcal fit --gpu {new_gpu.name} --data ... --prior <this file>'",
+        f"a few-shot fit on measured kernels with this file as the prior refines it "
+        f"(roofcal fit --gpu <the datasheet> --prior <this file> --data <kernels>)",
         f"replaced by the {new_gpu.name} datasheet: dense peaks (BF16 {new_gpu.bf16_tflops:g} "
         f"TFLOP/s vs {ref_gpu.bf16_tflops:g}), HBM bandwidth ({new_gpu.hbm_bandwidth_tbs:g} TB/s "
         f"vs {ref_gpu.hbm_bandwidth_tbs:g}) and link bandwidth "

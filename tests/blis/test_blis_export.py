@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -612,8 +613,8 @@ def test_non_bundled_model_config_fits_exports_and_inspects(tmp_path, capsys):
     # and residuals --blis reads each step's own model config
     code, _, err = run(capsys, "residuals", "--blis", form, "--data", steps, "--no-plots", "--out", tmp_path / "res")
     assert code == 0, err
-    res = (tmp_path / "res" / "residuals.csv").read_text()
-    assert res.count("my-llama") == 40
+    res = pd.read_parquet(tmp_path / "res" / "residuals.parquet")
+    assert res["model"].astype(str).str.contains("my-llama").sum() == 40
 
 
 def test_resolve_deployment_takes_a_loaded_spec(tmp_path):

@@ -63,6 +63,25 @@ def test_one_file_per_deployment_with_its_own_alpha0(tmp_path, capsys):
 
 
 @needs_runs
+def test_the_load_line_counts_every_run_and_names_the_one_left_out(tmp_path, capsys):
+    # Llama-2-7B's three runs: the reasoning run overloaded, so α0's load is the other two, and the
+    # line says so instead of "2 run(s)" for a deployment of three
+    runs = [RUNS / n for n in ("20260217-155451-llama-2-7b-tp1-codegen", "20260217-170634-llama-2-7b-tp1-reasoning",
+                               "20260217-231439-llama-2-7b-tp1-general")]
+    out = tmp_path / "blis"
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),
+                 "--for", *map(str, runs), "--samples", "100"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "load:" in ln)
+    assert line.endswith("load: 2 of 3 runs, their stages' steady state, weighted by 1/TTFT²; left out, "
+                         "overloaded when measured: 20260217-170634-llama-2-7b-tp1-reasoning"), line
+    # one run, not overloaded: nothing left out, and a single run is not "weighted"
+    assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir",
+                 str(tmp_path / "one"), "--for", str(runs[0]), "--samples", "100"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "load:" in ln)
+    assert line.endswith("load: 1 run, its stages' steady state"), line
+
+
+@needs_runs
 def test_per_run_files(tmp_path):
     out = tmp_path / "runs"
     assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),

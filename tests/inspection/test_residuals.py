@@ -156,7 +156,7 @@ def test_smax_split_shares():
 
 def test_summary_numbers_match_direct_computation(report):
     res, out = report
-    csv = pd.read_csv(out / "residuals.csv", low_memory=False)
+    csv = pd.read_parquet(out / "residuals.parquet")
     tables = md_tables((out / "summary.md").read_text(encoding="utf-8"))
     n = check_table(tables["Overall"], csv, [])
     n += check_table(tables["Per op / component"], csv, ["key"])
@@ -320,7 +320,7 @@ def test_blis_planted_prefill_coefficient(steps_subset, tmp_path):
     assert row["scale"] == pytest.approx(3.0, rel=2e-3)
     assert row["implied beta"] == pytest.approx(3 * 0.152128, rel=2e-3)
     assert row["removed %"] > 99.9
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["attribution.csv", "residuals.csv",
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attribution.csv", "residuals.parquet",
                                                           "summary.md"]
     assert "pf_compute ×3" in (tmp_path / "summary.md").read_text(encoding="utf-8")
 
@@ -413,11 +413,23 @@ def test_cli_writes_a_deterministic_report(small_files, tmp_path, capsys):
     assert main(args + ["--out", str(tmp_path / "a")]) == 0
     text = capsys.readouterr().out
     assert "## Attribution" in text and "![" not in text and "wrote 3 files" in text
+    # it says what it wrote, how many rows and how large, file by file
+    size = (tmp_path / "a" / "residuals.parquet").stat().st_size
+    listed = re.search(r"\n  residuals\.parquet  \(([\d,]+) rows, ([\d.]+) (k?B)\)", text)
+    assert listed, text
+    table = pd.read_parquet(tmp_path / "a" / "residuals.parquet")
+    assert int(listed.group(1).replace(",", "")) == len(table) > 70
+    assert float(listed.group(2)) == pytest.approx(size / (1e3 if listed.group(3) == "kB" else 1), abs=0.051)
     assert main(args + ["--out", str(tmp_path / "b")]) == 0
-    for name in ("residuals.csv", "attribution.csv", "summary.md"):
+    for name in ("residuals.parquet", "attribution.csv", "summary.md"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
-    csv = pd.read_csv(tmp_path / "a" / "residuals.csv", low_memory=False)
-    assert (csv["kind"] == "step").sum() == 70 and (csv["model"].dropna() == "llama-2-70b-hf").all()
+    assert (table["kind"] == "step").sum() == 70 and (table["model"].dropna() == "llama-2-70b-hf").all()
+    # --csv: the same table as CSV, in place of the Parquet file
+    assert main(args + ["--csv", "--out", str(tmp_path / "c")]) == 0
+    assert f"residuals.csv  ({len(table)} rows" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["attribution.csv", "residuals.csv", "summary.md"]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "c" / "residuals.csv", low_memory=False)[["kind", "measured_us"]],
+                                  table[["kind", "measured_us"]], check_dtype=False)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -449,16 +461,23 @@ def test_api_returns_everything_without_writing(coeffs, ops_subset):
     assert "## Attribution" in res.summary and len(res.table) == len(ops_subset.iloc[::5])
 
 
-def test_csvs_follow_the_convention_of_every_roofcal_csv(report):
-    # residuals.csv and attribution.csv as roofcal.io.write_csv_atomic writes any table
+def test_tables_follow_the_convention_of_every_roofcal_table(report, tmp_path):
+    # attribution.csv as roofcal.io.write_csv_atomic writes any table; residuals.parquet holds the
+    # table exactly, and as CSV (table_format="csv") it is every roofcal CSV too
+    from roofcal.inspection.report import write_report
     res, out = report
-    for name, df in (("residuals.csv", res.table), ("attribution.csv", res.attribution)):
-        text = (out / name).read_text(encoding="utf-8")
-        assert text == df.to_csv(index=False, float_format="%.10g", lineterminator="\n"), name
-        back = pd.read_csv(out / name, low_memory=False)
-        assert list(back.columns) == list(df.columns) and len(back) == len(df)
-    back = pd.read_csv(out / "residuals.csv", low_memory=False)
+    text = (out / "attribution.csv").read_text(encoding="utf-8")
+    assert text == res.attribution.to_csv(index=False, float_format="%.10g", lineterminator="\n")
+    same = lambda df: df.astype(object).where(df.notna(), None).reset_index(drop=True)   # noqa: E731
+    back = pd.read_parquet(out / "residuals.parquet")      # strings may come back as pandas strings
+    pd.testing.assert_frame_equal(same(back), same(res.table))
+    write_report(res, tmp_path, "csv")
+    text = (tmp_path / "residuals.csv").read_text(encoding="utf-8")
+    assert text == res.table.to_csv(index=False, float_format="%.10g", lineterminator="\n")
+    back = pd.read_csv(tmp_path / "residuals.csv", low_memory=False)
+    assert list(back.columns) == list(res.table.columns) and len(back) == len(res.table)
     np.testing.assert_allclose(back["predicted_us"], res.table["predicted_us"], rtol=1e-9)
+    assert not (tmp_path / "residuals.parquet").exists()
 
 
 def test_heatmap_panels_are_steps_and_attention_kernels_only(report):
@@ -467,3 +486,12 @@ def test_heatmap_panels_are_steps_and_attention_kernels_only(report):
     res, _ = report
     titles = [t for t, _ in plots.heat_panels(res.table)]
     assert titles and all(t.endswith(" steps") or t.startswith("attn_") for t in titles), titles
+
+
+def test_attribution_line_does_not_contradict_itself():
+    # the scale minimises the squared log error; MAPE may rise: the line says so rather than
+    # "would remove 5 % of the error (MAPE 17.4 % → 18.4 %)"
+    from roofcal.inspection.attribution import effect_text
+    assert effect_text(5.2, 17.4, 18.4) == "remove 5% of the squared log error, but raise MAPE 17.4% → 18.4%"
+    assert effect_text(95, 28.3, 8.6) == "remove 95% of the squared log error (MAPE 28.3% → 8.6%)"
+    assert effect_text(1, 10.04, 10.01) == "remove 1% of the squared log error (MAPE 10.0% → 10.0%)"

@@ -190,7 +190,28 @@ def test_summary_line():
         "4 of 5 steps out of domain: 3 beyond the fitted shapes (attn_prefill heads 1,500 (fitted 4–128); "
         "attn_decode context 1,200,000 (fitted 1–131,071); "
         "lm_head n 64,000 (fitted 64–32,000)), 2 beyond the context limit; 1 does not fit in memory; "
-        "1 with kernels that have no fitted data")
+        "1 with kernels that have no fitted data (their shapes not checked)")
+
+
+def test_summary_never_calls_unchecked_steps_inside_the_domain():
+    # kernels without fitted data have no fitted shapes: such steps are not "inside the fitted
+    # domain" (the roofline-only predict said "all 3 steps inside the fitted domain; ... 3 with
+    # kernels that have no fitted data")
+    flags = lambda nk, ctx=False: pd.DataFrame({"ood_shape": 0.0, "ood_what": "", "ood_detail": "",   # noqa: E731
+                                               "ood_context": ctx, "fits_memory": True, "zero_shot": True,
+                                               "no_kernel_data": nk}, index=range(3))
+    assert domain.summary(flags(True), neutral=True) == (
+        "3 steps not checked against a fitted domain: no fitted data (neutral roofline defaults, no --coeffs)")
+    assert domain.summary(flags(True)) == (
+        "3 steps not checked against a fitted domain: their kernels have no fitted data; 3 zero-shot "
+        "(coefficients or serving stack not calibrated on this GPU)")
+    assert domain.summary(flags([True, False, False])).startswith(
+        "2 of 3 steps inside the fitted domain; 3 zero-shot (coefficients or serving stack not calibrated "
+        "on this GPU); 1 with kernels that have no fitted data (their shapes not checked)")
+    assert domain.summary(flags(True, [True, False, False]), neutral=True) == (
+        "1 of 3 steps out of domain: 1 beyond the context limit; neutral roofline defaults (no --coeffs): "
+        "no fitted shapes to check")
+    assert domain.summary(flags(False).iloc[:1].assign(zero_shot=False)) == "the 1 step inside the fitted domain"
 
 
 def test_worst_and_excess_are_vectorised():
@@ -217,7 +238,19 @@ def test_cli_prints_one_line_summary(tmp_path):
     # band of the step beyond the fitted context was widened
     assert lines[2].startswith("80 % interval: median -") and lines[2].endswith(
         "2 steps from kernels only (their serving stack has no held-out steps, so its own error "
-        "is not in the band); 1 steps widened for kernels outside their fitted shapes (ood_shape; "
+        "is not in the band); 1 step widened for kernels outside their fitted shapes (ood_shape; "
         "roofcal.model.intervals.EXTRAPOLATION)")
     df = pd.read_csv(out, keep_default_na=False)
     assert df.ood_what.tolist() == ["attn_decode.context", ""]
+
+
+def test_roofline_only_predict_says_what_it_is(tmp_path, capsys, monkeypatch):
+    from roofcal.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.jsonl").write_text('{"prefill": [[2048, 0]], "decode": []}\n{"prefill": [[512, 1536]], '
+                                      '"decode": [100, 2000, 3000]}\n')
+    assert main(["predict", "--model", "llama-3.1-70b-instruct", "--gpu", "h100_sxm", "--tp", "4",
+                 "--steps", "s.jsonl", "--out", "p.csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "2 steps not checked against a fitted domain: no fitted data (neutral roofline defaults, no --coeffs)"
+    assert "inside the fitted domain" not in lines[1]

@@ -203,3 +203,18 @@ def test_cli_capacity_prints_a_table(capsys):
     cap = capacity(load_model("llama-2-7b-hf"), H100, 1, **LOG_SERVER)
     assert "524288" in out and str(cap.kv_blocks) in out and str(cap.kv_tokens) in out
     assert f"| {max_batch(cap, 4096)} " in out and "12.55" in out
+
+
+def test_assumptions_name_the_memory_share_applied():
+    # the notes listed 0.99 × 80 GiB but not the 0.9 vLLM takes of it; now every factor applied
+    # is named, and the KV cache's GiB is the arithmetic of the notes
+    from roofcal.cli.capacity import capacity_text
+    spec = load_model("llama-2-7b-hf")
+    for util in (0.9, 0.75):
+        cap = capacity(spec, H100, 1, gpu_memory_utilization=util)
+        notes = "\n".join(cap.notes)
+        usable = util * 0.99 * 80
+        assert f"of which vLLM takes gpu_memory_utilization {util:g}: {usable:.2f} GiB" in notes
+        assert f"= {cap.available_bytes / GIB:.2f} GiB, in blocks of 16 tokens" in notes
+    text = capacity_text("llama-2-7b-hf", "h100_sxm", 1, gpu_memory_utilization=0.75)
+    assert "gpu_memory_utilization 0.75" in text

@@ -102,3 +102,37 @@ def test_power_fields_are_optional_checked_and_outside_the_hash():
     h100 = load_gpu("h100_sxm")
     assert (h100.power_limit_w, h100.boost_clock_mhz) == (700.0, 1980.0)
     assert all(g.power_limit_w > 0 for g in bundled_gpus())
+
+
+@pytest.mark.parametrize("spec", bundled_gpus(), ids=lambda g: g.name)
+def test_datasheet_template_is_the_inverse_of_the_parser(spec, tmp_path):
+    """parse(template(spec)) == spec for every bundled datasheet, names and citations included,
+    as a mapping and as the YAML file 'roofcal gpu show NAME --yaml' writes."""
+    from dataclasses import asdict
+
+    from roofcal.physics.hardware import datasheet_dict, datasheet_yaml, read_datasheet
+    back = parse_datasheet(datasheet_dict(spec), "template")
+    assert asdict(back) == asdict(spec)                   # aliases too (not in ==)
+    path = tmp_path / f"{spec.name}.yaml"
+    path.write_text(datasheet_yaml(spec, header="a header\nof two lines"), encoding="utf-8")
+    back = read_datasheet(path)
+    assert asdict(back) == asdict(spec) and back.sha256() == spec.sha256()
+    # the bundled file's own figures, key for key (fp16 is written even where the file left it
+    # to default to bf16; an absent peak stays absent)
+    raw = yaml_load(open(f"roofcal/physics/hardware/{spec.name}.yaml").read())
+    mine = datasheet_dict(spec)
+    assert {k: v for k, v in mine["dense_tflops"].items() if k != "fp16"} == \
+        {k: float(v) for k, v in raw["dense_tflops"].items() if k != "fp16" and v is not None}
+    assert set(mine) - {"display_name", "aliases"} == set(raw) - {"display_name", "aliases", "notes"}
+
+
+def test_datasheet_template_follows_the_dataclass():
+    """A field a GPUSpec has beyond its defaults is written under its own name; a field at its
+    default is left out (so an optional figure nobody gave is not invented)."""
+    from roofcal.physics.hardware import datasheet_dict
+    g = load_gpu("a100_sxm")
+    d = datasheet_dict(g)
+    assert "fp8" not in d["dense_tflops"] and g.fp8_tflops == 0.0        # no FP8 tensor cores
+    assert d["sm_count"] == 108 and isinstance(d["sm_count"], int)
+    assert list(d)[:5] == ["schema", "name", "display_name", "aliases", "sources"]
+    assert "aliases" not in datasheet_dict(g.replace(aliases=()))

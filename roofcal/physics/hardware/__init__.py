@@ -6,12 +6,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from roofcal.errors import RoofcalError
-from roofcal.physics.hardware.datasheet import NUMERIC_FIELDS, GPUSpec, parse_datasheet, read_datasheet
+from roofcal.physics.hardware.datasheet import (NUMERIC_FIELDS, GPUSpec, datasheet_dict, datasheet_yaml,
+                                                parse_datasheet, read_datasheet)
 
 HERE = Path(__file__).resolve().parent
 
-__all__ = ["GPUSpec", "NUMERIC_FIELDS", "bundled_gpus", "load_gpu", "parse_datasheet",
-           "read_datasheet"]
+__all__ = ["GPUSpec", "NUMERIC_FIELDS", "bundled_gpus", "datasheet_dict", "datasheet_yaml", "load_gpu",
+           "parse_datasheet", "read_datasheet"]
 
 
 @lru_cache(maxsize=None)

@@ -263,3 +263,66 @@ def read_datasheet(path: str | Path) -> GPUSpec:
     if isinstance(raw, dict) and raw.get("schema") == OVERLAY_SCHEMA:
         return parse_overlay(raw, path)
     return parse_datasheet(raw, path)
+
+
+# --------------------------------------------------------------------------------------------
+# the inverse of parse_datasheet: a GPUSpec written back as the datasheet it was read from
+
+#: keys written first, in this order (the rest follow in GPUSpec's field order)
+FRONT_KEYS = ("schema", "name", "display_name", "aliases", "sources", "dense_tflops")
+
+
+def datasheet_dict(spec: GPUSpec) -> dict:
+    """The datasheet mapping that :func:`parse_datasheet` reads back to ``spec``, aliases
+    included: ``parse_datasheet(datasheet_dict(s)) == s`` for every parsed ``s``.
+
+    Derived from :class:`GPUSpec`'s fields, not a list of keys: every field is written under its
+    own name, except the dense peaks, which nest under ``dense_tflops`` by dtype (the inverse of
+    :data:`PEAK_FIELD` over :data:`DTYPES`); a field at its default (a peak of 0 = no such tensor
+    cores, no aliases, an optional figure left out) is not written."""
+    from dataclasses import MISSING, fields
+    nested = {PEAK_FIELD[d]: d for d in DTYPES}
+    body: dict = {"schema": SCHEMA}
+    for f in fields(GPUSpec):
+        value = getattr(spec, f.name)
+        if f.name in nested:
+            if value:
+                body.setdefault("dense_tflops", {})[nested[f.name]] = value
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if default is not MISSING and value == default:
+            continue
+        body[f.name] = list(value) if isinstance(value, tuple) else value
+    return {**{k: body[k] for k in FRONT_KEYS if k in body},
+            **{k: v for k, v in body.items() if k not in FRONT_KEYS}}
+
+
+def schema_lines() -> list[str]:
+    """The field table of this module's docstring (the schema a datasheet follows), line by line."""
+    lines = (__doc__ or "").splitlines()
+    rules = [i for i, ln in enumerate(lines) if ln.startswith("====")]
+    import re
+    rows = [[re.sub(r":\w+:`([^`]*)`", r"\1", c).replace("``", "")
+             for c in re.split(r"\s{2,}", ln.strip())]
+            for ln in (lines[rules[0]:rules[-1] + 1] if len(rules) >= 2 else [])
+            if not ln.startswith("====")]
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(map(len, rows), default=0))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def datasheet_yaml(spec: GPUSpec, header: str = "") -> str:
+    """:func:`datasheet_dict` as YAML text with the schema as a comment on top and each figure's
+    unit beside it (:data:`NUMERIC_FIELDS`); ``header``: comment lines to put first."""
+    from roofcal.io import yaml_text
+    nested = {d: f for f, d in ((PEAK_FIELD[d], d) for d in DTYPES)}
+    text = yaml_text(datasheet_dict(spec), sort_keys=False, allow_unicode=True,
+                     default_flow_style=False, width=1 << 20)
+    out = [f"# {ln}" if ln else "#" for ln in header.splitlines()]
+    out += [f"# {SCHEMA}: peaks are dense vendor figures (no sparsity); the fields:"]
+    out += [f"#   {ln}" for ln in schema_lines()]
+    for line in text.splitlines():
+        key = line.strip().split(":", 1)[0]
+        field = nested.get(key) if line.startswith(" ") else key
+        unit = NUMERIC_FIELDS.get(field or "")
+        out.append(f"{line}  # {unit}" if unit and not line.rstrip().endswith(":") else line)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,85 @@
+"""A new GPU as the README walks it: a datasheet from ``roofcal gpu show NAME --yaml``, then each
+command the previous one prints, run as printed. Words in capitals in a printed command are the
+user's own files (its text says so); the test puts real ones there and changes nothing else."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+A100_NCCL = ROOT / "data" / "microbench" / "a100_sxm" / "nccl-2.27.3" / "nccl_perf.parquet"
+
+#: what stands for the user's own files in a printed command, and what the test gives instead
+YOURS = {"NEW.yaml": "new_coeffs.yaml", "MODEL": "llama-2-7b-hf", "TP": "1", "STEPS.jsonl": "steps.jsonl",
+         "KERNELS": str(A100_NCCL)}
+
+
+def run(argv, capsys) -> str:
+    from roofcal.cli.main import main
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, f"roofcal {shlex.join(argv)} exited {code}:\n{err}"
+    return out
+
+
+def printed_commands(out: str) -> list[list[str]]:
+    """The ``roofcal …`` commands an output prints (one per line, indented), placeholders filled."""
+    cmds = []
+    for line in out.splitlines():
+        m = re.match(r"\s+(roofcal .*)$", line)
+        if m:
+            argv = shlex.split(m.group(1))[1:]
+            cmds.append([YOURS.get(a, a) for a in argv])
+    return cmds
+
+
+def test_new_gpu_from_a_template_every_printed_hint_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROOFCAL_CACHE", "off")
+    (tmp_path / "steps.jsonl").write_text('{"prefill": [[512, 0]], "decode": [100, 200]}\n', encoding="utf-8")
+    # the A100 stands in for a new GPU: its measured kernels are bundled
+    out = run(["gpu", "show", "a100_sxm", "--yaml", "--out", "my_gpu.yaml"], capsys)
+    hints = printed_commands(out)
+    assert [h[:2] for h in hints] == [["gpu", "bootstrap"]], out
+    out = run(hints[0], capsys)
+    assert (tmp_path / "new_coeffs.yaml").is_file()
+    hints = printed_commands(out)
+    assert [h[0] for h in hints] == ["predict", "fit"], out
+    assert "my_gpu.yaml" in hints[0] and "my_gpu.yaml" in hints[1]      # the datasheet file, not its name
+    run(hints[0], capsys)
+    pred = pd.read_csv(tmp_path / "pred.csv")
+    assert len(pred) == 1 and pred["gpu"].tolist() == ["a100_sxm"] and pred["zero_shot"].all()
+    out = run(hints[1] + ["--quiet"], capsys)
+    assert (tmp_path / "out" / "a100_sxm.yaml").is_file(), out
+
+
+def test_gpu_show_yaml_prints_what_every_reader_accepts(tmp_path, monkeypatch, capsys):
+    from roofcal.physics.hardware import load_gpu
+    monkeypatch.chdir(tmp_path)
+    text = run(["gpu", "show", "h100", "--yaml"], capsys)
+    (tmp_path / "h.yaml").write_text(text, encoding="utf-8")
+    spec, bundled = load_gpu("h.yaml"), load_gpu("h100_sxm")
+    assert spec == bundled and spec.aliases == bundled.aliases and spec.sha256() == bundled.sha256()
+    # the readable form keeps its own keys; only --yaml writes a datasheet
+    assert "bf16_tflops: 989.4 TFLOP/s" in run(["gpu", "show", "h100_sxm"], capsys)
+
+
+def test_gpu_show_out_needs_yaml(tmp_path, monkeypatch, capsys):
+    from roofcal.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["gpu", "show", "l4", "--out", "l4.yaml"]) == 2
+    assert "--yaml" in capsys.readouterr().err
+    assert not (tmp_path / "l4.yaml").exists()
+
+
+@pytest.mark.parametrize("given, named", [("h100", "h100_sxm"), ("my.yaml", "my.yaml")])
+def test_hints_name_the_gpu_as_a_later_command_can(given, named, tmp_path, monkeypatch):
+    from roofcal.cli.gpu import gpu_argument
+    monkeypatch.chdir(tmp_path)
+    assert gpu_argument(given) == named
