@@ -398,14 +398,16 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
     for t in targets:
         spec, tp = load_model(t.deployment.model), int(t.deployment.tp)
         sat = mixes(coeffs, t, seed).get("saturated")
-        if sat is not None:                  # the deployment at its limit: side by side with its stages
+        limit = []
+        if sat is not None:                  # the deployment at its limit, after its stages
             op = operating_point(pm, coeffs.params, spec, gpu, tp, sat.batch)
             mean = lambda p: float(np.mean(np.asarray(step_breakdown(p, spec, gpu, tp, sat.batch)["total"])))  # noqa: E731
-            cycles.append((t.stem, math.nan, mean(coeffs.params), mean(at_compute_scale(coeffs.params, op.compute_scale))))
+            limit = [(t.stem, math.nan, mean(coeffs.params), mean(at_compute_scale(coeffs.params, op.compute_scale)))]
             if not t.experiments:            # without runs, its limit steps set the clock
                 stages.append((t.stem, math.nan, op))
                 weights.append(1.0)
         if not t.experiments:
+            cycles += limit
             continue
         for e in t.experiments:
             loads = loads_of(e, seed)
@@ -417,6 +419,7 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
                 cyc = [float(run_state(p, spec, gpu, tp, [ld], [g], alphas, ftc)["step_us"])
                        for p in (coeffs.params, at_compute_scale(coeffs.params, op.compute_scale))]
                 cycles.append((e.name, ld.rate, *cyc))
+        cycles += limit
     if not stages:
         return Clock(1.0, "burst clock (no load to take a clock from)")
     w = np.asarray(weights, np.float64)
