@@ -224,8 +224,10 @@ def run_probe(out, model: str = "qwen3-14b", phases=PHASES, burst_tokens=BURST_T
     # sustained phases, nvidia-smi sampling beside them
     W = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _, n, k in gemms] for _ in range(layers)]
     trace = open(out / "smi_trace.csv", "w")
+    import os
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_TRACE}", "--format=csv,noheader", "-lms", "200"],
-                           stdout=trace, stderr=subprocess.DEVNULL)
+                           stdout=trace, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "TZ": "UTC"})     # timestamps in UTC, as the reader takes them
     res = {}
     try:
         for name, ms, seconds, duty in phases:
