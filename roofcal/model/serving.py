@@ -9,7 +9,8 @@ The mean-field picture of a vLLM server (or BLIS's replay of one) fed open-loop 
   ``D = rate · (output − 1) · τ`` with ``τ`` the mean step (cycle) time;
 * the scheduler fills the budget with decodes first, so a prompt's ``new = prompt − cached``
   tokens take ``k = ⌈new / (budget − D)⌉`` chunked steps (1 when the prompt fits); a fraction
-  ``f = rate · k · τ`` of steps prefill (≤ 1);
+  ``f = rate · k · τ`` of steps prefill (beyond 1, several prompts share a step, up to what the
+  budget left after the decodes holds);
 * ``τ = (1 − f) · t_decode(D) + f · t_mixed(D)``, solved by damped fixed-point iteration;
 * **the first token** reaches the client after (:func:`first_token_parts`)::
 
