@@ -13,8 +13,6 @@ from roofcal.tables import table
 
 def report(coeffs, kernels: str = "vllm-0.14.0") -> list[tuple[str, str]]:
     """[(title, Markdown table)] for ``roofcal bench`` (``coeffs``: an H100 coefficient file)."""
-    from dataclasses import replace
-
     from roofcal.calibration.power import bundled_sustained, check, fit_models, phase_models
     from roofcal.measurements.sustained import read_sustained
     from roofcal.model import coeffs as coeff_io

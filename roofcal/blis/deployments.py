@@ -380,7 +380,7 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
     the stages' requests as weights; with ``burst``, the per-op tables' boost clock."""
     import jax.numpy as jnp
 
-    from roofcal.model.operating import burst, operating_point, power_of
+    from roofcal.model.operating import operating_point, power_of
     from roofcal.model.serving import loads_of, operating_points, step_grid
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu

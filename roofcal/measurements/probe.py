@@ -207,7 +207,7 @@ def run_probe(out, model: str = "qwen3-14b", phases=PHASES, burst_tokens=BURST_T
     big = torch.empty(2 ** 30, device=dev, dtype=torch.float32)       # 4 GiB
     us_read = timed_graph(lambda i: big.sum(), 3)
     peaks["read_tbs"] = big.numel() * 4 / us_read / 1e6
-    del big, x, w
+    big = x = w = None                            # free the GPU memory
     # the burst table: each GEMM over weight copies beyond 3x the L2, as inside a model
     log("probe: burst table")
     rows = []
@@ -219,7 +219,7 @@ def run_probe(out, model: str = "qwen3-14b", phases=PHASES, burst_tokens=BURST_T
             ym = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
             t = timed_graph(lambda i: torch.matmul(xm, ws[i % copies].t(), out=ym), max(copies, 4))
             rows.append(f"{base},gemm,bf16,{m},{n},{k},{t:.3f},cold,{proj}")
-            del ws
+            ws = None
     (out / f"burst_gemm_{model}_tp1.csv").write_text("gpu,op,dtype,m,n,k,latency_us,mode,proj\n" + "\n".join(rows) + "\n")
     # sustained phases, nvidia-smi sampling beside them
     W = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _, n, k in gemms] for _ in range(layers)]
