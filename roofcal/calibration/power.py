@@ -133,7 +133,10 @@ def _model(x: np.ndarray, limit_w: float, boost_mhz: float) -> P.PowerModel:
 
 def _power_at(pm: P.PowerModel, pmod: PhaseModel, r: float, window: bool) -> float:
     """Average power (W) of a phase at clock ratio r: over its whole cycle (what nvidia-smi's
-    1-s average sees), or with ``window`` over the limiter's window."""
+    1-s average sees), or with ``window`` over the limiter's window. The formula of
+    :func:`roofcal.physics.power.stream_power_w` on the phase's own sustained step, in float64:
+    the fit differentiates it by finite differences, which JAX's float32 is too coarse for (the
+    least squares then stall at their start; a test holds the two equal)."""
     busy = pmod.busy_us(r ** -pm.clock_elasticity)
     idle = pmod.idle_us(busy)
     gap = min(idle, max(pm.window_ms * 1e3 - busy, 0.0)) if window else idle
@@ -254,17 +257,22 @@ class PowerFileResult:
     text: str
 
 
-def fit_text(fits: dict, folder) -> str:
-    """Each kernel set's fitted parameters and its per-phase check, as text."""
+def fit_line(name: str, f: PowerFit, folder) -> str:
+    """One line: a kernel set's fitted power parameters, the measurement and the fit's rms."""
     from roofcal import resources
+    pm = f.power
+    return (f"power model of kernel set '{name}' on {resources.display(folder)}: idle {pm.idle_w:.0f} W, "
+            f"compute {pm.compute_w:.0f} W, memory {pm.memory_w:.0f} W at {pm.boost_mhz:.0f} MHz; voltage "
+            f"exponent {pm.voltage_exponent:.2f}, clock elasticity {pm.clock_elasticity:.3f}, window "
+            f"{pm.window_ms:.0f} ms; limit {pm.limit_w:.0f} W (fit rms {100 * f.source['fit_rms_log_ratio']:.1f} %)")
+
+
+def fit_text(fits: dict, folder) -> str:
+    """Each kernel set's fitted parameters (:func:`fit_line`) and its per-phase check, as text."""
     from roofcal.tables import table
     lines = []
     for name, f in fits.items():
-        pm = f.power
-        lines.append(f"power model of kernel set '{name}' on {resources.display(folder)}: idle {pm.idle_w:.0f} W, "
-                     f"compute {pm.compute_w:.0f} W, memory {pm.memory_w:.0f} W at {pm.boost_mhz:.0f} MHz; voltage "
-                     f"exponent {pm.voltage_exponent:.2f}, clock elasticity {pm.clock_elasticity:.3f}, window "
-                     f"{pm.window_ms:.0f} ms; limit {pm.limit_w:.0f} W (fit rms {100 * f.source['fit_rms_log_ratio']:.1f} %)")
+        lines.append(fit_line(name, f, folder))
         t = f.table.copy()
         lines.append(table(t.to_dict("records"), list(t.columns), floats="{:.2f}"))
     lines.append("(pred: each phase's clock solved from the fitted power, as predictions solve it; sm_clock "

@@ -96,9 +96,8 @@ def cmd_fit(a) -> None:
 def _fit_power(a, c, gpu):
     """``c`` with each kernel set's power model fitted on ``--sustained`` (default: the GPU's
     bundled sustained-load measurement, when the fit reads the bundled data), with a line per set."""
-    from roofcal.calibration.power import bundled_sustained, with_power
+    from roofcal.calibration.power import bundled_sustained, fit_line, with_power
     from roofcal.measurements.sustained import read_sustained
-    from roofcal import resources
     from roofcal.physics.hardware.datasheet import overlay_sustained
     folder = a.sustained or overlay_sustained(a.gpu) or (bundled_sustained(gpu.name) if not a.data else None)
     if folder is None:
@@ -108,11 +107,7 @@ def _fit_power(a, c, gpu):
         return c
     c, fits = with_power(c, gpu, read_sustained(folder))
     for name, f in fits.items():
-        pm = f.power
-        print(f"power model of '{name}' on {resources.display(folder)}: idle {pm.idle_w:.0f} W, compute "
-              f"{pm.compute_w:.0f} W, memory {pm.memory_w:.0f} W at {pm.boost_mhz:.0f} MHz; voltage exponent "
-              f"{pm.voltage_exponent:.2f}, clock elasticity {pm.clock_elasticity:.3f}, window {pm.window_ms:.0f} ms "
-              f"(rms {100 * f.source['fit_rms_log_ratio']:.1f} %)")
+        print(fit_line(name, f, folder))
     return c
 
 

@@ -160,8 +160,9 @@ def run_probe(out, model: str = "qwen3-14b", phases=PHASES, burst_tokens=BURST_T
             base = load_gpu(limits["name"].lower().replace(" ", "-")).name
         except RoofcalError:
             raise RoofcalError(f"probe: no bundled datasheet for '{limits['name']}'; give --base DATASHEET") from None
+    from roofcal.physics.config import load_model
     gemms = layer_gemms(model)
-    layers = _layers(model)
+    layers = load_model(model).num_layers
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 50 * 2 ** 20)
 
@@ -279,8 +280,3 @@ def run_probe(out, model: str = "qwen3-14b", phases=PHASES, burst_tokens=BURST_T
     (out / "sustained.json").write_text(json.dumps(res, indent=1))
     (out / "burst_peaks.json").write_text(json.dumps(peaks, indent=1))
     return write_overlay(out, base)
-
-
-def _layers(model: str) -> int:
-    from roofcal.physics.config import load_model
-    return load_model(model).num_layers

@@ -35,7 +35,7 @@ Every function takes and returns plain floats or JAX/NumPy arrays (broadcasting)
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import jax.numpy as jnp
 
@@ -61,9 +61,6 @@ class PowerModel:
     window_ms: float
     limit_w: float
     boost_mhz: float = 0.0
-
-    def record(self) -> dict:
-        return asdict(self)
 
 
 #: bounds of the fitted parameters (physical: powers ≥ 0, 1 ≤ γ ≤ 3, 0 < β ≤ 1)

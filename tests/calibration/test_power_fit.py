@@ -63,3 +63,17 @@ def test_deterministic_and_what_the_shipped_file_holds(fitted, tmp_path):
     back = C.load(tmp_path / "h100.yaml")
     np.testing.assert_allclose(C.with_kernels(back, "vllm-0.14.0").power.compute_w, fitted.power.compute_w, rtol=1e-5)
     assert C.with_kernels(back, "vllm-0.24.0").power.clock_elasticity != fitted.power.clock_elasticity
+
+
+def test_the_fits_float64_power_is_the_physics_formula(fitted):
+    # calibration.power._power_at evaluates physics.power.stream_power_w's formula on a phase's
+    # own sustained step (in float64, for the finite-difference fit): the same watts
+    from roofcal.calibration.power import _power_at, phase_models
+    c = C.with_kernels(C.load(COEFFS), "vllm-0.14.0")
+    pm = fitted.power
+    for m in phase_models(read_sustained(H100), c.params, load_gpu("h100_sxm")):
+        for r in (1.0, 0.8, 0.68):
+            busy = m.busy_us(r ** -pm.clock_elasticity)
+            want = float(P.stream_power_w(pm, r, P.energy_uj(pm, m.ideal_compute_us, m.ideal_memory_us),
+                                          busy, 0.0, 1.0, m.idle_us(busy)))
+            assert _power_at(pm, m, r, window=True) == pytest.approx(want, rel=1e-5)
