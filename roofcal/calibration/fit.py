@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from roofcal.calibration import STEP_TARGET_NAMES, conformal
+from roofcal.calibration import shapes as S
 from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
 from roofcal.model import curves
@@ -169,12 +170,19 @@ def kernel_set_rows(table: pd.DataFrame) -> dict:
 # --------------------------------------------------------------------------------------------
 # stage 1: kernels
 
+#: kernel kinds whose fit reads its features factored through the measured shapes
+#: (:mod:`roofcal.calibration.shapes`): the MoE surfaces' 495 terms over ≈ 500 shapes (its fits
+#: 39 → 32 s); the 35–126-term surfaces are faster dense (a GEMM's fit 0.9 → 2.5 s factored: the
+#: per-row gather and scatter cost more than the product they save), and stay exactly as before
+FACTORED_KINDS = ("moe",)
+
+
 @dataclass
 class KernelData:
     """Rows of one kernel kind/variant, ready for the jitted loss."""
 
     kind: str
-    feats: jnp.ndarray        # (N, terms)
+    feats: jnp.ndarray | None  # (N, terms), or None where ``fac`` holds them
     tc: jnp.ndarray           # ideal compute µs
     tm: jnp.ndarray           # ideal memory µs
     y: jnp.ndarray            # measured µs
@@ -182,32 +190,49 @@ class KernelData:
     lo: np.ndarray
     hi: np.ndarray
     index: np.ndarray         # row positions in the table
+    fac: S.Factored | None = None   # the features factored through the shapes (FACTORED_KINDS)
+
+    def features(self) -> jnp.ndarray:
+        """The (N, terms) feature matrix, whichever way it is held."""
+        return self.feats if self.fac is None else S.dense(self.fac)
+
+    def objective(self) -> tuple:
+        """(objective, its feature argument): :func:`kernel_objective` with ``feats`` or
+        :func:`factored_objective` with ``fac``."""
+        return (kernel_objective, self.feats) if self.fac is None else (factored_objective, self.fac)
 
 
 def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: FitSettings) -> dict:
-    """Precompute features and ideal times per kernel kind/variant.
+    """Precompute features and ideal times per kernel kind/variant (factored through the
+    measured shapes for :data:`FACTORED_KINDS`).
 
-    Every variant of a kind is zero-padded (weight 0) to the kind's largest row count, so the
-    variants share one compiled objective.
+    Every variant of a kind is zero-padded (weight 0) to the kind's largest row count (and
+    shape count), so the variants share one compiled objective.
     """
-    sizes: dict = {}
-    for g, op, dt, idx in groups(table):
-        sizes[op] = max(sizes.get(op, 0), len(idx))
-    out = {}
+    prepared = []
     for g, op, dt, idx in groups(table):
         tc, tm, z = row_times(gpu, op, dt, table, idx)
         z = np.asarray(z)
         train = ~test[idx]
         ztr = z[train] if train.any() else z
         lo, hi = ztr.min(0), ztr.max(0)
-        f = K.features(jnp.asarray(z), lo, hi, settings.degree_of(op))
-        pad = sizes[op] - len(idx)
+        deg = settings.degree_of(op)
+        fac = S.factor(op, z, lo, hi, deg) if op in FACTORED_KINDS else None
+        f = K.features(jnp.asarray(z), lo, hi, deg) if fac is None else None
+        prepared.append((op, dt, idx, tc, tm, train, lo, hi, f, fac))
+    rows, shapes = {}, {}
+    for op, _, idx, *_, fac in prepared:
+        rows[op] = max(rows.get(op, 0), len(idx))
+        shapes[op] = max(shapes.get(op, 0), 0 if fac is None else int(fac.shapes.shape[0]))
+    out = {}
+    for op, dt, idx, tc, tm, train, lo, hi, f, fac in prepared:
+        pad = rows[op] - len(idx)
         grow = lambda a, v: jnp.asarray(np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
                                                constant_values=v))
         out[K.op_key(op, dt)] = KernelData(
-            op, grow(f, 0.0), grow(tc, 1.0), grow(tm, 1.0),
+            op, None if f is None else grow(f, 0.0), grow(tc, 1.0), grow(tm, 1.0),
             grow(table["latency_us"].values[idx], 1.0), grow(train.astype(np.float32), 0.0),
-            lo, hi, idx)
+            lo, hi, idx, None if fac is None else S.padded(fac, rows[op], shapes[op]))
     return out
 
 
@@ -263,11 +288,24 @@ def default_prior(kind: str, degree: int, d: KernelData) -> dict:
 def kernel_objective(p: dict, data: tuple):
     """Mean squared log-ratio of one kernel kind/variant plus its prior (see module docstring).
 
-    ``mask`` (terms,) switches surface terms on (1) or off (0), for continuation in degree.
+    ``data``: (features (N, terms), tc, tm, measured µs, training weights, prior centre, prior
+    strengths, mask); ``mask`` (terms,) switches surface terms on (1) or off (0), for
+    continuation in degree.
     """
     feats, tc, tm, y, train, center, strength, mask = data
     q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
     pred = K.op_time_from_features(q, feats, tc, tm)
+    return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
+
+
+def factored_objective(p: dict, data: tuple):
+    """:func:`kernel_objective` with the features factored through the measured shapes
+    (``data[0]`` a :class:`roofcal.calibration.shapes.Factored`): the same value up to float
+    rounding."""
+    fac, tc, tm, y, train, center, strength, mask = data
+    q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
+    z = S.logits(fac, jnp.stack([q["eff_c"], q["eff_m"]], axis=1))
+    pred = K.corrected_time(q, jax.nn.sigmoid(z[:, 0]), jax.nn.sigmoid(z[:, 1]), tc, tm)
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
@@ -291,40 +329,64 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     start = int(order.max()) if init is not None else 1   # a warm start already holds every term
     for deg in range(start, int(order.max()) + 1):
         mask = jnp.asarray(order <= deg, jnp.float32)
-        data = (d.feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
+        objective, feats = d.objective()
+        data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
-        q, value = lbfgs(kernel_objective, p, data, settings.kernel_iters,
+        q, value = lbfgs(objective, p, data, settings.kernel_iters,
                          chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL)
         if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
             p, best = q, value
     return p
 
 
+def kernel_workers() -> int:
+    """Kernel fits run side by side in threads, one per core this process may use: each L-BFGS
+    is a chain of small XLA programs that keeps ≈ 1.2 of 2 cores busy, so one chain leaves a
+    machine idle. Each fit computes exactly what it computes alone (same programs, same
+    inputs), so the results do not depend on the count."""
+    import os
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
 def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
-                init: dict | None = None) -> dict:
-    """Stage 1: fit every kernel kind/variant in ``data``; returns {key: raw params}.
+                init: dict | None = None, workers: int | None = None) -> dict:
+    """Stage 1: fit every kernel kind/variant in ``data`` ({key: :class:`KernelData`}, a key
+    such as ``"gemm/bf16"`` or a (kernel set, kernel) pair); returns {key: raw params}.
 
     ``prior`` / ``init`` map keys to raw params (e.g. a reference GPU's, for a few-shot refit);
-    keys they lack use :func:`default_prior` / :func:`init_op_params`.
+    keys they lack use :func:`default_prior` / :func:`init_op_params`. The fits are independent
+    and run ``workers`` (default :func:`kernel_workers`) at a time, the largest first.
     """
-    keys = sorted(data)
-    out = {}
-    bar = None
-    if settings.progress and keys:
-        from tqdm import tqdm
-        bar = tqdm(keys, desc="kernels", unit="kernel", leave=False, dynamic_ncols=True)
-    for k in keys:
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    def one(k):
         d = data[k]
         deg = settings.degree_of(d.kind)
         c = curves.surface_only((prior or {}).get(k)) or default_prior(d.kind, deg, d)
         c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
-        out[k] = fit_kernel(d, settings, c, curves.surface_only((init or {}).get(k)))
-        if bar is not None:
-            bar.set_postfix_str(k)
-            bar.update(1)
+        return fit_kernel(d, settings, c, curves.surface_only((init or {}).get(k)))
+
+    def size(k):                     # work per iteration: rows × surface terms
+        d = data[k]
+        f = d.feats if d.fac is None else d.fac.shapes
+        return -int(d.tc.shape[0]) * int(f.shape[1]), k
+    keys = sorted(data, key=size)
+    bar = None
+    if settings.progress and keys:
+        from tqdm import tqdm
+        bar = tqdm(total=len(keys), desc="kernels", unit="kernel", leave=False, dynamic_ncols=True)
+    with ThreadPoolExecutor(max_workers=workers or kernel_workers()) as pool:
+        jobs = {pool.submit(one, k): k for k in keys}
+        for job in as_completed(jobs):
+            job.result()
+            if bar is not None:
+                k = jobs[job]
+                bar.set_postfix_str(" ".join(k).strip() if isinstance(k, tuple) else k)
+                bar.update(1)
     if bar is not None:
         bar.close()
-    return out
+    done = {k: job.result() for job, k in jobs.items()}
+    return {k: done[k] for k in sorted(done)}
 
 
 def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
@@ -546,15 +608,20 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         ks = prior.kernel_sets.get(name) or prior.kernel_set
         return dict(ks.ops)
 
-    fits = {}          # unit ("" = shared) → {kernel key: raw params}
+    data, p0 = {}, {}  # (unit ("" = shared), kernel key) → its rows; its prior (and start)
     for unit in units:
         own = np.flatnonzero(fitted & (sets_of_rows == unit))
         sub = table.iloc[own].reset_index(drop=True)
-        data = kernel_data(sub, gpu, np.zeros(len(sub), bool), settings)
-        p0 = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
+        rows = kernel_data(sub, gpu, np.zeros(len(sub), bool), settings)
+        ops = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
+        data.update({(unit, k): d for k, d in rows.items()})
+        p0.update({(unit, k): v for k, v in ops.items()})
         log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
-            f"per-op rows fitted in {len(data)} kernel kinds/variants")
-        fits[unit] = fit_kernels(data, settings, prior=p0, init=p0)
+            f"per-op rows fitted in {len(rows)} kernel kinds/variants")
+    fitted_ops = fit_kernels(data, settings, prior=p0, init=p0)    # every set's, side by side
+    fits = {}          # unit → {kernel key: raw params}
+    for unit in units:
+        fits[unit] = {k: v for (u, k), v in fitted_ops.items() if u == unit}
         mine = np.flatnonzero(sets_of_rows == unit)
         add_curves(fits[unit], table.iloc[mine].reset_index(drop=True), ~test[mine], gpu)
     log("stage 1 (kernels) done")

@@ -275,11 +275,13 @@ def op_time_from_features(p: dict, f, tc, tm):
     """Corrected time (µs) from precomputed features ``f`` (fitting's hot path)."""
     ec = jax.nn.sigmoid(f @ p["eff_c"])
     em = jax.nn.sigmoid(f @ p["eff_m"])
-    return _corrected(p, ec, em, tc, tm)
+    return corrected_time(p, ec, em, tc, tm)
 
 
-def _corrected(p: dict, ec, em, tc, tm):
-    """latency + smax(tc/ec, tm/em); exactly 0 (with finite gradients) for calls with no work."""
+def corrected_time(p: dict, ec, em, tc, tm):
+    """Corrected time (µs) of calls with ideal times ``tc``, ``tm`` (µs) at efficiencies ``ec``,
+    ``em``: latency + smax(tc/ec, tm/em); exactly 0 (with finite gradients) for calls with no
+    work."""
     active = tc + tm > 0
     tc, tm = jnp.where(active, tc, 1.0), jnp.where(active, tm, 1.0)
     q = 1.0 + softplus(p["sharpness"])
@@ -290,14 +292,14 @@ def _corrected(p: dict, ec, em, tc, tm):
 def op_time(p: dict, kind: str, shape, tc, tm):
     """Corrected time (µs) of kernel calls with ideal times ``tc``, ``tm`` (µs); 0 where no work."""
     ec, em = efficiencies(p, kind, shape)
-    return _corrected(p, ec, em, tc, tm)
+    return corrected_time(p, ec, em, tc, tm)
 
 
 @jax.jit
 def op_time_z(p: dict, z, tc, tm):
     """:func:`op_time` from standardized shapes ``z``."""
     ec, em = efficiencies_z(p, z)
-    return _corrected(p, ec, em, tc, tm)
+    return corrected_time(p, ec, em, tc, tm)
 
 
 # --------------------------------------------------------------------------------------------

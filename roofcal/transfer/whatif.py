@@ -73,7 +73,7 @@ def op_time(p: dict, kind: str, work, new: tuple, ref: tuple, rule: str):
     fm = K.features(u + zm, -free, free, deg)
     fc = fm if rule != "duration" else K.features(u + zc, -free, free, deg)   # else zc = zm
     ec, em = jax.nn.sigmoid(fc @ p["eff_c"]), jax.nn.sigmoid(fm @ p["eff_m"])
-    return K._corrected(p, ec, em, tc, tm) * curves.factor(p.get("curves"), kind, work.shape)
+    return K.corrected_time(p, ec, em, tc, tm) * curves.factor(p.get("curves"), kind, work.shape)
 
 
 def fixed_time(params: dict, calls: dict, kernels: dict, out: dict):

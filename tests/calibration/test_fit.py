@@ -20,7 +20,6 @@ from roofcal.calibration.fit import (
     fit,
     init_op_params,
     kernel_data,
-    kernel_objective,
     prior_strengths,
     split_groups,
     split_rows,
@@ -43,8 +42,9 @@ def test_objective_and_gradient_finite_on_every_bundled_table(gpu):
         deg = FAST.degree_of(d.kind)
         p, c = init_op_params(d, deg), default_prior(d.kind, deg, d)
         mask = jnp.ones(p["eff_c"].shape)
-        args = (d.feats, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, FAST, 100.0), mask)
-        value, grad = jax.value_and_grad(kernel_objective)(p, args)
+        objective, feats = d.objective()
+        args = (feats, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, FAST, 100.0), mask)
+        value, grad = jax.value_and_grad(objective)(p, args)
         assert np.isfinite(float(value)), key
         assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grad)), key
 

@@ -1,0 +1,83 @@
+"""A kernel's surface features factored through its measured shapes (the fit's hot path).
+
+An efficiency surface is a polynomial in a kernel's standardized descriptors ``z``: term ``t`` is
+``Π_d z_d^e[t,d]`` (:func:`roofcal.model.correction.exponents`). The tables measure a few hundred
+*shapes* (every descriptor but one axis: a MoE's tokens, a GEMM's m, :data:`curves.AXES`) at many
+axis values each, so the (rows × terms) feature matrix repeats itself: a term is the shape's
+monomial ``S[s, t]`` (the axis left out) times the row's axis power ``A[r, e[t, axis]]``. Hence,
+exactly,
+
+    f[r] · w = Σ_j A[r, j] · C[s(r), j],    C = S · (w ⊙ E),    E[t, j] = [e[t, axis] = j],
+
+which reads a (shapes × terms) matrix and a (rows × degree + 1) one instead of (rows × terms): a MoE
+table's 10,000 rows × 495 terms (20 MB a product, all of an iteration's time) become ≈ 500 shapes ×
+495 terms and 10,000 rows × 5 powers. Same polynomial, same values up to float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from roofcal.model import correction as K
+from roofcal.model import curves
+
+
+class Factored(NamedTuple):
+    """The features of N rows over U shapes and T terms of a degree-``J − 1`` surface."""
+
+    shapes: jnp.ndarray      # (U, T) float32: each shape's monomials, axis power 0
+    powers: jnp.ndarray      # (N, J) float32: each row's clipped axis value to the powers 0 … J − 1
+    shape_of: jnp.ndarray    # (N,) int32: each row's shape
+    onehot: jnp.ndarray      # (T, J) float32: E[t, j] = 1 where term t holds the axis to power j
+
+
+def axis_of(kind: str) -> int | None:
+    """Index of ``kind``'s curve axis among its descriptors (None: rows are their own shapes)."""
+    name = curves.AXES.get(kind)
+    desc = K.OP_KINDS[kind].descriptors
+    return desc.index(name) if name in desc else None
+
+
+def factor(kind: str, z: np.ndarray, lo: np.ndarray, hi: np.ndarray, degree: int) -> Factored:
+    """The degree-``degree`` features of standardized shapes ``z`` (N, n_desc), clamped to
+    [lo, hi] as :func:`roofcal.model.correction.features` does, factored through the shapes
+    (computed in float64, stored in float32)."""
+    e = K.exponents(z.shape[1], degree)                          # (T, D)
+    zc = np.clip(np.asarray(z, np.float64), np.asarray(lo, np.float64), np.asarray(hi, np.float64))
+    a = axis_of(kind)
+    if a is None or not len(zc):                                 # every row its own shape
+        shapes = np.prod(zc[:, None, :] ** e[None], axis=2)
+        return Factored(jnp.asarray(shapes, jnp.float32), jnp.ones((len(zc), 1), jnp.float32),
+                        jnp.arange(len(zc), dtype=jnp.int32), jnp.ones((len(e), 1), jnp.float32))
+    keys = zc.copy()
+    keys[:, a] = 1.0                                             # the axis leaves the shape
+    uniq, shape_of = np.unique(keys, axis=0, return_inverse=True)
+    shapes = np.prod(uniq[:, None, :] ** e[None], axis=2)        # (U, T)
+    j = np.arange(degree + 1)
+    powers = zc[:, a:a + 1] ** j[None]                           # (N, J)
+    onehot = (e[:, a][:, None] == j[None]).astype(np.float32)   # (T, J)
+    return Factored(jnp.asarray(shapes, jnp.float32), jnp.asarray(powers, jnp.float32),
+                    jnp.asarray(shape_of.reshape(-1), jnp.int32), jnp.asarray(onehot))
+
+
+def padded(f: Factored, rows: int, shapes: int) -> Factored:
+    """``f`` grown to ``rows`` rows (axis powers 0, shape 0) and ``shapes`` shapes (zeros), so the
+    variants of a kind share one compiled objective."""
+    grow = lambda x, n: jnp.pad(x, [(0, n - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    return Factored(grow(f.shapes, shapes), grow(f.powers, rows), grow(f.shape_of, rows), f.onehot)
+
+
+def logits(f: Factored, w):
+    """Surface values f[r] · w of every row for the columns of ``w`` (T, K): (N, K)."""
+    n, j = f.powers.shape
+    k = w.shape[1]
+    c = f.shapes @ (w[:, :, None] * f.onehot[:, None, :]).reshape(w.shape[0], k * j)   # (U, K·J)
+    return jnp.sum(c[f.shape_of].reshape(n, k, j) * f.powers[:, None, :], axis=-1)
+
+
+def dense(f: Factored) -> jnp.ndarray:
+    """The (N, T) feature matrix itself (for predictions over a kernel's rows)."""
+    return f.shapes[f.shape_of] * (f.powers @ f.onehot.T)
