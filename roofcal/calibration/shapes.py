@@ -10,8 +10,10 @@ exactly,
     f[r] · w = Σ_j A[r, j] · C[s(r), j],    C = S · (w ⊙ E),    E[t, j] = [e[t, axis] = j],
 
 which reads a (shapes × terms) matrix and a (rows × degree + 1) one instead of (rows × terms): a MoE
-table's 10,000 rows × 495 terms (20 MB a product, all of an iteration's time) become ≈ 500 shapes ×
-495 terms and 10,000 rows × 5 powers. Same polynomial, same values up to float rounding.
+table's 10,000 rows × 495 terms (20 MB read by each product: an objective and its gradient took
+2.6 ms, now 1.05) become ≈ 500 shapes × 495 terms and 10,000 rows × 5 powers. Same polynomial, same
+values up to float rounding. Over the 35–126 terms of the other kinds the per-row gather (and its
+scatter in the gradient) costs more than it saves, so their fits keep the dense matrix.
 """
 
 from __future__ import annotations
