@@ -110,7 +110,7 @@ def operating_point(pm: P.PowerModel | None, params: dict, model, gpu, tp: int, 
     s, first = 1.0, None
     for _ in range(ITERATIONS):
         t = step_terms(params, model, gpu, tp, batch, s)
-        first = first or t
+        first = t if first is None else first        # the steps at the boost clock
         energy = P.energy_uj(pm, w @ t["ideal_compute"], w @ t["ideal_memory"])
         cycle, sens = w @ t["total"], w @ t["sens"]
         r = P.clock_ratio(pm, energy, cycle, sens, s, idle_us)

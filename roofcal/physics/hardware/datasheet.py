@@ -314,7 +314,7 @@ def datasheet_yaml(spec: GPUSpec, header: str = "") -> str:
     """:func:`datasheet_dict` as YAML text with the schema as a comment on top and each figure's
     unit beside it (:data:`NUMERIC_FIELDS`); ``header``: comment lines to put first."""
     from roofcal.io import yaml_text
-    nested = {d: f for f, d in ((PEAK_FIELD[d], d) for d in DTYPES)}
+    nested = {d: PEAK_FIELD[d] for d in DTYPES}           # dense_tflops' keys → fields
     text = yaml_text(datasheet_dict(spec), sort_keys=False, allow_unicode=True,
                      default_flow_style=False, width=1 << 20)
     out = [f"# {ln}" if ln else "#" for ln in header.splitlines()]
