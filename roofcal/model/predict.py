@@ -20,6 +20,7 @@ from roofcal.model import domain
 from roofcal.model import intervals
 from roofcal.model.combine import NON_COMPONENT, gpu_side, op_peak_and_bandwidth, step_breakdown
 from roofcal.physics import components as C
+from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
 from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
@@ -171,10 +172,10 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
 # --------------------------------------------------------------------------------------------
 # per-op rows
 
-@partial(jax.jit, static_argnames=("op", "dtype", "peak", "bw"))
-def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float):
+@partial(jax.jit, static_argnames=("op", "dtype", "peak", "bw", "max_experts"))
+def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float, max_experts: int):
     """(ideal compute µs, ideal memory µs, standardized shape z) of rows, in one compiled call."""
-    w = row_work(op, dtype, cols)
+    w = row_work(op, dtype, cols, max_experts)
     tc, tm = C.ideal_times(w, peak, bw)
     return tc, tm, K.standardize(op, w.shape)
 
@@ -195,7 +196,8 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     pad = padded_size(n) - n
     cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
             for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
-    tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, dtype, cols, float(peak), float(bw)))
+    bound = experts_bound(cols["experts"]) if "experts" in cols else MAX_EXPERTS
+    tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, dtype, cols, float(peak), float(bw), bound))
     return tc, tm, z
 
 

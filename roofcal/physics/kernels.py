@@ -12,6 +12,7 @@ import pandas as pd
 
 from roofcal.errors import RoofcalError
 from roofcal.physics import components as C
+from roofcal.physics.components.moe import MAX_EXPERTS
 
 SHAPE_COLUMNS = {
     "gemm": ("m", "n", "k"),
@@ -32,8 +33,9 @@ ALL_SHAPES = tuple(dict.fromkeys(c for cols in SHAPE_COLUMNS.values() for c in c
 BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4": 0.5}
 
 
-def row_work(op: str, dtype: str, cols: dict) -> C.Work:
-    """Work of measured rows (arrays in ``cols``) through the same components a step uses."""
+def row_work(op: str, dtype: str, cols: dict, max_experts: int = MAX_EXPERTS) -> C.Work:
+    """Work of measured rows (arrays in ``cols``) through the same components a step uses
+    (``max_experts``: at least the largest ``experts`` of MoE rows, :func:`experts_bound`)."""
     f = {k: jnp.asarray(v, jnp.float32) for k, v in cols.items()}
     if op == "gemm":
         a = 2.0 if dtype == "bf16" else 1.0
@@ -53,7 +55,8 @@ def row_work(op: str, dtype: str, cols: dict) -> C.Work:
         return C.allreduce(f["num_gpus"], f["bytes"])
     if op == "moe":
         return C.moe(f["tokens"], f["hidden"], f["inter"], f["topk"], f["experts"], f["tp"],
-                     f["ep"], BYTES[dtype], 2.0, 3.0, f.get("skew", 0.0 * f["tokens"]))
+                     f["ep"], BYTES[dtype], 2.0, 3.0, f.get("skew", 0.0 * f["tokens"]),
+                     max_experts)
     raise RoofcalError(f"unknown op {op!r}")
 
 

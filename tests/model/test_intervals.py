@@ -168,6 +168,15 @@ def test_file_roundtrip_keeps_bands(tmp_path):
     assert out.read_text() == open(H100_FILE).read()
 
 
+def test_roundtrip_reads_what_the_file_would_read():
+    # the round trip skips the text: as_read(to_doc(c)) is exactly what yaml_load(to_yaml(c)) gives
+    c = coeff_io.load("coeffs/a100_sxm.yaml")
+    c.notes.append("a tuple reads back as a list")
+    c.fit["pair"] = (1, 2.5e-17)
+    assert coeff_io.as_read(coeff_io.to_doc(c)) == yaml_load(coeff_io.to_yaml(c))
+    assert coeff_io.to_yaml(coeff_io.roundtrip(c)) == coeff_io.to_yaml(c)
+
+
 def test_per_op_rows_carry_their_regime_band(tmp_path):
     from roofcal.model.predict import predict_ops
     p = tmp_path / "ops.csv"

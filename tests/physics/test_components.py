@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from roofcal.physics import components as C
@@ -93,6 +94,24 @@ def test_mixtral_active_experts():
     assert float(w.flops) == 2 * 2 * 4096 * 14336 * 3
     assert float(w.bytes) == pytest.approx(2 * 3 * 4096 * 14336 * 2 + 4096 * 2 * 2
                                            + 2 * (2 * 4096 + 3 * 14336) * 2)
+
+
+def test_power_law_routing_sums_over_the_experts_bound():
+    from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound, routing
+    # the next power of two at or above the largest count, never under 8 nor over 1,024
+    assert [experts_bound(np.array(e)) for e in ([8.0], [9.0, 2.0], [256.0], [257.0], [2000.0], [])] \
+        == [8, 16, 256, 512, MAX_EXPERTS, 8]
+    # Mixtral rows (8 experts, top-2) at skew 0.8 and 0, 1 and 100 tokens: summed over 8 or
+    # 1,024 experts, the same values to the bit (the terms past 8 are exact zeros)
+    t, k, e, s = (np.array(v, np.float32) for v in ([1, 100, 1, 100], [2] * 4, [8] * 4, [0.8, 0.8, 0, 0]))
+    short, full = routing(t, k, e, 1.0, s, 8), routing(t, k, e, 1.0, s, MAX_EXPERTS)
+    assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes() for a, b in zip(short, full))
+    # by hand at skew 0.8: w = (1, 2^-0.8, …, 8^-0.8), q_i = min(1, 2·w_i/Σw); 1 token → Σq = 2 pairs
+    assert float(short[0][0]) == pytest.approx(2.0, rel=1e-6)
+    # balanced (skew 0): ⌈100·2⌉ = 200 pairs on min(8, 200) = 8 experts; a skew given as the
+    # number 0 (a step's routing) takes that branch without the power law
+    assert (float(short[0][3]), float(short[1][3])) == (200.0, 8.0)
+    assert tuple(float(x) for x in routing(100.0, 2.0, 8.0)) == (200.0, 8.0)
 
 
 def test_mixtral_step_uses_moe_not_dense_mlp():

@@ -25,8 +25,20 @@ import jax.numpy as jnp
 
 from .base import Work
 
-#: largest expert count the power-law routing sums over (static, for jit)
+#: largest expert count the power-law routing sums over (static, for jit) unless told a smaller one
 MAX_EXPERTS = 1024
+
+
+def experts_bound(experts) -> int:
+    """The power of two (≥ 8, ≤ :data:`MAX_EXPERTS`) the power-law routing of rows with these
+    expert counts sums over: every term past a row's own count is an exact zero, so any bound at
+    or above the largest count gives the same values, and a smaller one less work (a table of
+    MoE rows with up to 256 experts: a quarter of the 1,024 terms per row)."""
+    import numpy as np
+    top = float(np.max(experts)) if np.size(experts) else 1.0
+    if not np.isfinite(top) or top > MAX_EXPERTS:
+        return MAX_EXPERTS
+    return max(8, 1 << max(0, int(np.ceil(top)) - 1).bit_length())
 
 
 def expected_active_experts(tokens, topk, experts):
@@ -41,14 +53,21 @@ def expected_active_experts(tokens, topk, experts):
     return experts * (1.0 - miss ** tokens)
 
 
-def routing(tokens, topk, experts, ep=1.0, skew=0.0):
-    """(pairs, active experts) on the busiest of ``ep`` GPUs; see the module docstring."""
+def routing(tokens, topk, experts, ep=1.0, skew=0.0, max_experts: int = MAX_EXPERTS):
+    """(pairs, active experts) on the busiest of ``ep`` GPUs; see the module docstring.
+
+    ``max_experts`` (static): how many experts the power-law sums run over, at least the largest
+    ``experts`` (:func:`experts_bound`); a ``skew`` given as the number 0 (a step's balanced
+    routing) computes no power law at all."""
+    balanced_only = isinstance(skew, (int, float)) and skew == 0
     tokens, topk, experts, ep, skew = (jnp.asarray(x, jnp.float32) for x in
                                        (tokens, topk, experts, ep, skew))
     local = experts / ep
     pairs_bal = jnp.ceil(tokens * topk / ep)
     active_bal = jnp.minimum(local, pairs_bal)
-    i = jnp.arange(MAX_EXPERTS, dtype=jnp.float32)
+    if balanced_only:
+        return pairs_bal, active_bal
+    i = jnp.arange(max_experts, dtype=jnp.float32)
     e = experts[..., None]
     w = jnp.where(i < e, (i + 1.0) ** -skew[..., None], 0.0)
     q = jnp.minimum(1.0, topk[..., None] * w / jnp.sum(w, axis=-1, keepdims=True))
@@ -60,7 +79,7 @@ def routing(tokens, topk, experts, ep=1.0, skew=0.0):
 
 
 def moe(tokens, hidden, inter, topk, experts, tp=1.0, ep=1.0, weight_bytes=2.0, act_bytes=2.0,
-        matrices=3.0, skew=0.0) -> Work:
+        matrices=3.0, skew=0.0, max_experts: int = MAX_EXPERTS) -> Work:
     """Work of one MoE layer on the busiest GPU (experts split over ``ep``, each FFN over ``tp``).
 
     With ``i = inter/tp`` and (pairs, active) from :func:`routing`:
@@ -69,12 +88,13 @@ def moe(tokens, hidden, inter, topk, experts, tp=1.0, ep=1.0, weight_bytes=2.0, 
     Bytes = active·matrices·hidden·i·weight_bytes (expert weights read)
           + tokens·hidden·2·act_bytes + pairs·(2·hidden + 3·i)·act_bytes (activations; an FP8
           kernel's quantisation of its inputs happens inside the call and is within these).
-    Shape descriptors: (tokens, hidden, inter, topk, experts, tp, ep, skew).
+    Shape descriptors: (tokens, hidden, inter, topk, experts, tp, ep, skew). ``max_experts``: see
+    :func:`routing`.
 
     Example: Mixtral at TP 1, one token, balanced: 2 pairs on 2 experts,
     FLOPs = 2·2·4096·14336·3 = 704,643,072; expert weights 2·3·4096·14336·2 bytes.
     """
-    pairs, active = routing(tokens, topk, experts, ep, skew)
+    pairs, active = routing(tokens, topk, experts, ep, skew, max_experts)
     i = inter / tp
     flops = pairs * 2.0 * hidden * i * matrices
     nbytes = active * matrices * hidden * i * weight_bytes \
