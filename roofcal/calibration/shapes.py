@@ -77,7 +77,13 @@ def logits(f: Factored, w):
     n, j = f.powers.shape
     k = w.shape[1]
     c = f.shapes @ (w[:, :, None] * f.onehot[:, None, :]).reshape(w.shape[0], k * j)   # (U, K·J)
-    return jnp.sum(c[f.shape_of].reshape(n, k, j) * f.powers[:, None, :], axis=-1)
+    g = c[f.shape_of].reshape(n, k, j)
+    # the J products added one by one, not reduced over a length-J axis: XLA's CPU backend hands
+    # such a reduce to YNNPACK, which took 1.3 ms of a MoE iteration's 3.3 (10,000 × 2 × 5)
+    out = g[:, :, 0] * f.powers[:, None, 0]
+    for i in range(1, j):
+        out = out + g[:, :, i] * f.powers[:, None, i]
+    return out
 
 
 def dense(f: Factored) -> jnp.ndarray:
