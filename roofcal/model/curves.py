@@ -197,7 +197,7 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
         idx = good[inv == i]
         at, pos = np.unique(x[idx], return_inverse=True)
         pos = pos.reshape(-1)
-        out[shape_key(key)] = (at, np.bincount(pos, weights=r[idx]) / np.bincount(pos))
+        out[shape_key(key)] = (at, stored(np.bincount(pos, weights=r[idx]) / np.bincount(pos)))
     if kind in ACROSS:
         group = np.unique(uniq[:, :-1], axis=0, return_inverse=True)[1].reshape(-1)[inv]
         return Curves(out, shrinkage(*leave_one_out_across(x[good], r[good], inv, group,
@@ -448,6 +448,14 @@ def row_factors(curves, kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
 RATIO_DECIMALS = 4
 
 
+def stored(log_ratios) -> np.ndarray:
+    """Log-ratios at a file's precision (:data:`RATIO_DECIMALS`), as :func:`to_dict` writes them
+    and :func:`from_dict` reads them back: fitted curves are the file's curves, so the steps are
+    fitted with what the file will hold (and a fit's programs that hold the curves are the ones
+    its file's predictions use)."""
+    return np.array([round(float(r), RATIO_DECIMALS) + 0.0 for r in log_ratios], np.float64)
+
+
 def _text(values) -> str:
     """Numbers as one space-separated line (integers without a decimal point): thousands of
     curves parse as one string each instead of one YAML scalar per number (4× faster to load)."""
@@ -461,7 +469,7 @@ def to_dict(kind: str, curves: dict) -> dict:
     ln(measured / surface), each a line of space-separated numbers."""
     return {"axis": AXES[kind], "shape": " ".join(KEYS[kind]), "shrink": shrink_of(curves), "curves": [
         {"shape": _text(key), "at": _text(at),
-         "log_ratio": _text(round(float(r), RATIO_DECIMALS) + 0.0 for r in rs)}
+         "log_ratio": _text(stored(rs))}
         for key, (at, rs) in sorted(curves.items())]}
 
 
