@@ -197,29 +197,35 @@ def yaml_text(doc, **options) -> str:
     return yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), **options)
 
 
-#: documents of the last few large YAML texts parsed, by the SHA-256 of the text (see yaml_load)
+#: documents of the last few large YAML texts parsed, by parser and the SHA-256 of the text
 _PARSED: dict = {}
 #: how many, and from what size (characters) a text is remembered
 PARSED_KEPT, PARSED_FROM = 4, 1 << 16
 
 
-def yaml_load(text: str):
-    """``yaml.safe_load(text)``, through libyaml's parser where PyYAML has it (eight times faster).
-
-    A large text (a coefficient file: 3.8 MB, 0.7 s to parse) parsed before in this process is not
-    parsed again: its document is remembered by the text's SHA-256 and handed out as a deep copy
-    (35 ms), so a caller may change what it gets."""
+def remembered(text: str, parse, parser: str = "safe"):
+    """``parse(text)``; a large text (a coefficient file: 3.8 MB, 0.7–1.4 s to parse) parsed before
+    in this process by the same ``parser`` is not parsed again: its document is remembered by the
+    text's SHA-256 and handed out as a deep copy (35 ms), so a caller may change what it gets. A
+    text that fails to parse is not remembered (it fails again, with the same error)."""
     import copy
-    import yaml
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     if len(text) < PARSED_FROM:
-        return yaml.load(text, Loader=loader)
-    key = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return parse(text)
+    key = (parser, hashlib.sha256(text.encode("utf-8")).hexdigest())
     if key not in _PARSED:
+        doc = parse(text)
         while len(_PARSED) >= PARSED_KEPT:
             _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[key] = yaml.load(text, Loader=loader)
+        _PARSED[key] = doc
     return copy.deepcopy(_PARSED[key])
+
+
+def yaml_load(text: str):
+    """``yaml.safe_load(text)``, through libyaml's parser where PyYAML has it (eight times faster),
+    a large text parsed once per process (:func:`remembered`)."""
+    import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return remembered(text, lambda t: yaml.load(t, Loader=loader))
 
 
 def read_yaml(path: str | os.PathLike, what: str = "file"):

@@ -2,8 +2,8 @@
 and field at fault, exit status 2, no traceback, and nothing written.
 
 Every case runs ``roofcal.cli.main.main(argv)`` in-process, in a fresh ``tmp_path`` (the current
-folder during the call, and the folder of :mod:`tempfile`), after the inputs it needs were made
-there (:func:`make_inputs`). A case passes when
+folder during the call, and the folder of :mod:`tempfile`) holding a copy of the inputs the cases
+need (:func:`make_inputs`, made once per module). A case passes when
 
 * ``main`` returns 2 (or argparse raises ``SystemExit(2)`` with its two-line usage + error form),
 * stderr is exactly one line, starting with ``roofcal: error:`` (argparse: ``roofcal …: error:``),
@@ -626,10 +626,18 @@ def time_guard(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """Every case's inputs (:func:`make_inputs`), made once; each case works on a copy."""
+    root = tmp_path_factory.mktemp("bad-input-inputs")
+    make_inputs(root)
+    return root
+
+
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """``tmp_path`` with the inputs, as the current folder and the temporary folder."""
-    make_inputs(tmp_path)
+def workdir(tmp_path, monkeypatch, inputs):
+    """``tmp_path`` with a copy of the inputs, as the current folder and the temporary folder."""
+    shutil.copytree(inputs, tmp_path, dirs_exist_ok=True)
     (tmp_path / ".tmp").mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ROOFCAL_CACHE", "off")

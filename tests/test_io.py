@@ -22,3 +22,25 @@ def test_a_large_yaml_text_is_parsed_once_and_handed_out_as_copies(monkeypatch):
     for k in range(io.PARSED_KEPT + 2):                      # at most PARSED_KEPT documents kept
         io.yaml_load(big + f"k{k}: 1\n")
     assert len(io._PARSED) == io.PARSED_KEPT
+
+
+def test_the_strict_parse_is_remembered_apart_and_still_refuses_duplicates(monkeypatch):
+    import pytest
+    import yaml
+    from roofcal.blis.defaults_yaml import strict_yaml_load
+    from roofcal.errors import RoofcalError
+    big = "rows:\n" + "".join(f"  - {{at: {i}, ratio: {i / 7:.6f}}}\n" for i in range(3000))
+    calls = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: calls.append(k.get("Loader")) or real(*a, **k))
+    monkeypatch.setattr(io, "_PARSED", {})
+    doc = strict_yaml_load(big, "big.yaml")
+    doc["rows"].clear()                                     # a caller's change stays its own
+    assert strict_yaml_load(big, "big.yaml")["rows"][2] == {"at": 2, "ratio": 0.285714}
+    assert io.yaml_load(big) == strict_yaml_load(big, "big.yaml")
+    assert len(calls) == 2 and calls[0] is not calls[1]       # one parse per parser
+    dup = big + "rows: []\n"                                 # a duplicate key: refused, each time
+    for _ in range(2):
+        with pytest.raises(RoofcalError, match="big.yaml: duplicate key 'rows' at line 3002"):
+            strict_yaml_load(dup, "big.yaml")
+    assert len(io._PARSED) == 2

@@ -44,9 +44,11 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 
 def strict_yaml_load(text: str, source: str) -> Any:
-    """Parse YAML refusing duplicate keys; errors name ``source`` and the line."""
+    """Parse YAML refusing duplicate keys; errors name ``source`` and the line. A large text parsed
+    before in this process is not parsed again (:func:`roofcal.io.remembered`)."""
+    from roofcal.io import remembered
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        return remembered(text, lambda t: yaml.load(t, Loader=_StrictLoader), "strict")
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         what = getattr(err, "problem", None) or "invalid YAML"
