@@ -22,6 +22,7 @@ weights it reads.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .base import Work
 
@@ -34,7 +35,6 @@ def experts_bound(experts) -> int:
     expert counts sums over: every term past a row's own count is an exact zero, so any bound at
     or above the largest count gives the same values, and a smaller one less work (a table of
     MoE rows with up to 256 experts: a quarter of the 1,024 terms per row)."""
-    import numpy as np
     top = float(np.max(experts)) if np.size(experts) else 1.0
     if not np.isfinite(top) or top > MAX_EXPERTS:
         return MAX_EXPERTS
