@@ -327,9 +327,9 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
                                                         int(p["eff_c"].shape[0]))).sum(1)
     best = np.inf
     start = int(order.max()) if init is not None else 1   # a warm start already holds every term
+    objective, feats = d.objective()
     for deg in range(start, int(order.max()) + 1):
         mask = jnp.asarray(order <= deg, jnp.float32)
-        objective, feats = d.objective()
         data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
         q, value = lbfgs(objective, p, data, settings.kernel_iters,
