@@ -22,7 +22,7 @@ says what comes in, what goes out and which module to open first:
 =================  =============================================================================
 
 Shared helpers: ``errors`` (one-line errors), ``io`` (atomic writes), ``resources`` (bundled
-files), ``tables`` (Markdown tables).
+files), ``tables`` (Markdown tables), ``grouping`` (rows grouped by value, one sort per table).
 """
 
 __version__ = "0.1.0"

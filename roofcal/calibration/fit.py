@@ -218,7 +218,7 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
         lo, hi = ztr.min(0), ztr.max(0)
         deg = settings.degree_of(op)
         fac = S.factor(op, z, lo, hi, deg) if op in FACTORED_KINDS else None
-        f = K.features(jnp.asarray(z), lo, hi, deg) if fac is None else None
+        f = K.features(z, lo, hi, deg) if fac is None else None
         prepared.append((op, dt, idx, tc, tm, train, lo, hi, f, fac))
     rows, shapes = {}, {}
     for op, _, idx, *_, fac in prepared:
@@ -227,8 +227,8 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
     out = {}
     for op, dt, idx, tc, tm, train, lo, hi, f, fac in prepared:
         pad = rows[op] - len(idx)
-        grow = lambda a, v: jnp.asarray(np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
-                                               constant_values=v))
+        grow = lambda a, v: jax.device_put(np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
+                                                  constant_values=v))     # no XLA program per array
         out[K.op_key(op, dt)] = KernelData(
             op, None if f is None else grow(f, 0.0), grow(tc, 1.0), grow(tm, 1.0),
             grow(table["latency_us"].values[idx], 1.0), grow(train.astype(np.float32), 0.0),
@@ -263,14 +263,15 @@ def prior_strengths(p: dict, settings: FitSettings, n: float, kind: str | None =
     """Per-leaf κ/N weights: surface terms get ``prior_terms``, intercepts and scalars
     ``prior_scalars`` (the sharpness its kind's own pseudo-rows where it fixes it); clamp
     bounds none."""
-    def surf(w):
-        s = jnp.full(w.shape, settings.prior_terms / n)
-        return s.at[0].set(settings.prior_scalars / n)
+    def surf(w):                    # NumPy: built on the host, without an XLA program each
+        s = np.full(w.shape, settings.prior_terms / n, np.float32)
+        s[0] = settings.prior_scalars / n
+        return s
     q_rows = _sharpness(kind)[1] if kind is not None else None
     return {"eff_c": surf(p["eff_c"]), "eff_m": surf(p["eff_m"]),
-            "latency": jnp.asarray(settings.prior_scalars / n),
-            "sharpness": jnp.asarray((q_rows if q_rows is not None else settings.prior_scalars) / n),
-            "lo": jnp.zeros_like(p["lo"]), "hi": jnp.zeros_like(p["hi"])}
+            "latency": np.float32(settings.prior_scalars / n),
+            "sharpness": np.float32((q_rows if q_rows is not None else settings.prior_scalars) / n),
+            "lo": np.zeros(p["lo"].shape, np.float32), "hi": np.zeros(p["hi"].shape, np.float32)}
 
 
 def default_prior(kind: str, degree: int, d: KernelData) -> dict:
@@ -329,7 +330,7 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     start = int(order.max()) if init is not None else 1   # a warm start already holds every term
     objective, feats = d.objective()
     for deg in range(start, int(order.max()) + 1):
-        mask = jnp.asarray(order <= deg, jnp.float32)
+        mask = jax.device_put((order <= deg).astype(np.float32))
         data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
         q, value = lbfgs(objective, p, data, settings.kernel_iters,

@@ -89,13 +89,19 @@ def _strong(tree):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.result_type(x)), tree)
 
 
+@jax.jit
+def _lbfgs_init(params):
+    """The L-BFGS state at ``params``, strongly typed (one program, not one per array)."""
+    return _strong(_lbfgs().init(params))
+
+
 def lbfgs(loss_fn: Callable, params, data, steps: int, chunks: int = 1, tol: float = 0.0):
     """Minimise ``loss_fn(params, data)`` with optax L-BFGS; returns (params, final loss).
 
     ``steps`` iterations in ``chunks`` jitted blocks; with ``tol`` > 0 it stops after the first
     block that lowers the loss by less than ``tol`` (relative) — deterministic, as the blocks
     are fixed."""
-    state = _strong(_lbfgs().init(params))
+    state = _lbfgs_init(params)
     per = max(1, steps // chunks)
     value = float("nan")
     for _ in range(chunks):

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from roofcal.model import correction as K
+from roofcal.grouping import unique_rows
 from roofcal.model import curves
 
 
@@ -56,19 +58,20 @@ def factor(kind: str, z: np.ndarray, lo: np.ndarray, hi: np.ndarray, degree: int
                         jnp.arange(len(zc), dtype=jnp.int32), jnp.ones((len(e), 1), jnp.float32))
     keys = zc.copy()
     keys[:, a] = 1.0                                             # the axis leaves the shape
-    uniq, shape_of = np.unique(keys, axis=0, return_inverse=True)
+    uniq, shape_of = unique_rows(keys)
     shapes = np.prod(uniq[:, None, :] ** e[None], axis=2)        # (U, T)
     j = np.arange(degree + 1)
     powers = zc[:, a:a + 1] ** j[None]                           # (N, J)
     onehot = (e[:, a][:, None] == j[None]).astype(np.float32)   # (T, J)
-    return Factored(jnp.asarray(shapes, jnp.float32), jnp.asarray(powers, jnp.float32),
-                    jnp.asarray(shape_of.reshape(-1), jnp.int32), jnp.asarray(onehot))
+    put = lambda x, dt: jax.device_put(np.asarray(x, dt))     # converted on the host: no XLA program
+    return Factored(put(shapes, np.float32), put(powers, np.float32),
+                    put(shape_of.reshape(-1), np.int32), put(onehot, np.float32))
 
 
 def padded(f: Factored, rows: int, shapes: int) -> Factored:
     """``f`` grown to ``rows`` rows (axis powers 0, shape 0) and ``shapes`` shapes (zeros), so the
     variants of a kind share one compiled objective."""
-    grow = lambda x, n: jnp.pad(x, [(0, n - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    grow = lambda x, n: jax.device_put(np.pad(np.asarray(x), [(0, n - x.shape[0])] + [(0, 0)] * (x.ndim - 1)))
     return Factored(grow(f.shapes, shapes), grow(f.powers, rows), grow(f.shape_of, rows), f.onehot)
 
 

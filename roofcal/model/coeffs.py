@@ -67,6 +67,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -449,11 +450,10 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         if list(terms) != expected:
             raise RoofcalError(f"{where}.{name}' terms must be, in order: {', '.join(expected)}")
         ws.append([_finite(terms[t], f"{where}.{name}.{t}'") for t in expected])
+    f32 = lambda x: jax.device_put(np.asarray(x, np.float32))   # rounded on the host: no XLA program
     out = {
-        "eff_c": jnp.asarray(ws[0], jnp.float32), "eff_m": jnp.asarray(ws[1], jnp.float32),
-        "latency": jnp.asarray(math.log(max(lat, 1e-9)), jnp.float32),
-        "sharpness": jnp.asarray(K.softplus_inv(max(q - 1.0, 1e-9)), jnp.float32),
-        "lo": jnp.asarray(lo, jnp.float32), "hi": jnp.asarray(hi, jnp.float32),
+        "eff_c": f32(ws[0]), "eff_m": f32(ws[1]), "latency": f32(math.log(max(lat, 1e-9))),
+        "sharpness": f32(K.softplus_inv(max(q - 1.0, 1e-9))), "lo": f32(lo), "hi": f32(hi),
     }
     if "measured_shapes" in d:
         out["curves"] = curves.from_dict(kind, d["measured_shapes"], f"{where}.measured_shapes")

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from roofcal.errors import RoofcalError
+from roofcal.grouping import members, unique_rows
 from roofcal.model.correction import OP_KINDS
 from roofcal.physics.components.attention import equivalent_chunk, prefix_share
 
@@ -188,18 +189,18 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     ok = np.isfinite(y) & np.isfinite(s) & (y > 0) & (s > 0)
     r = np.log(np.where(ok, y, 1.0) / np.where(ok, s, 1.0))
     good = np.flatnonzero(ok)
-    uniq, inv = np.unique(np.round(keys[good], 6), axis=0, return_inverse=True)
+    uniq, inv = unique_rows(np.round(keys[good], 6))
     inv = inv.reshape(-1)
     kept = ~artifacts(x[good], r[good], inv)      # an artifact is interior: no shape loses all rows
     good, inv = good[kept], inv[kept]
     out = {}
-    for i, key in enumerate(uniq):                    # shapes in ascending order
-        idx = good[inv == i]
+    for key, mine in zip(uniq, members(inv, len(uniq))):   # shapes in ascending order
+        idx = good[mine]
         at, pos = np.unique(x[idx], return_inverse=True)
         pos = pos.reshape(-1)
         out[shape_key(key)] = (at, stored(np.bincount(pos, weights=r[idx]) / np.bincount(pos)))
     if kind in ACROSS:
-        group = np.unique(uniq[:, :-1], axis=0, return_inverse=True)[1].reshape(-1)[inv]
+        group = unique_rows(uniq[:, :-1])[1][inv]
         return Curves(out, shrinkage(*leave_one_out_across(x[good], r[good], inv, group,
                                                            keys[good, -1])))
     return Curves(out, shrinkage(*leave_one_out(x[good], r[good], inv)))
@@ -210,7 +211,7 @@ def _neighbour_prices(x, r, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from repeats at its axis value, and whether it has one from the line between its neighbours."""
     x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
     # the (shape, axis value) points in lexicographic order; each row's point g
-    points, g = np.unique(np.stack([np.asarray(shape, np.float64), x], 1), axis=0, return_inverse=True)
+    points, g = unique_rows(np.stack([np.asarray(shape, np.float64), x], 1))
     g = g.reshape(-1)
     total, count = np.bincount(g, weights=r), np.bincount(g)
     mean, lx, same = total / count, log_axis(points[:, 1]), points[:, 0]
@@ -262,8 +263,9 @@ def leave_one_out_across(x, r, shape, group, across) -> tuple[np.ndarray, np.nda
     has_own = repeat | line
     lx, la = log_axis(x), log_axis(across)
     got = np.full(len(r), np.nan)
-    for g in np.unique(group):                        # per group and measured value, not per row
-        idx = np.flatnonzero(group == g)
+    for idx in members(group):                        # per group and measured value, not per row
+        if not len(idx):
+            continue
         at = np.unique(la[idx])
         weights = blend_weights(np, la[idx], at)
         num, den = np.zeros(len(idx)), np.zeros(len(idx))
@@ -429,12 +431,10 @@ def row_factors(curves, kind: str, rows) -> tuple[np.ndarray, np.ndarray]:
     lookup = curves
     if kind in ACROSS:
         keys, across, lookup = keys[:, :-1], keys[:, -1], groups(curves)
-    uniq, inv = np.unique(np.round(keys, 6), axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    for i, key in enumerate(uniq):
+    uniq, inv = unique_rows(np.round(keys, 6))
+    for key, sel in zip(uniq, members(inv, len(uniq))):
         curve = lookup.get(shape_key(key))
         if curve is not None:
-            sel = inv == i
             found[sel] = True
             out[sel] = np.exp(shrink_of(curves) * trust[sel] * _log_ratio(
                 np, curve, kind, x[sel], across[sel] if kind in ACROSS else None))

@@ -53,6 +53,7 @@ import numpy as np
 import pandas as pd
 
 from roofcal.errors import RoofcalError
+from roofcal.grouping import unique_rows
 from roofcal.model import correction as K
 from roofcal.model.combine import step_breakdown
 from roofcal.physics import capacity as cap_
@@ -160,7 +161,7 @@ def _details(d, descriptors, j, u, low, high) -> np.ndarray:
         return out
     key = np.stack([np.asarray(j, np.float64)[rows], np.round(_natural(np.asarray(u)[rows])),
                     np.round(_natural(np.asarray(low)[rows])), np.round(_natural(np.asarray(high)[rows]))], 1)
-    uniq, inverse = np.unique(key, axis=0, return_inverse=True)
+    uniq, inverse = unique_rows(key)
     texts = np.array([f"{descriptors[int(jj)]} {x:,.0f} (fitted {lo_:,.0f}–{hi_:,.0f})"
                       for jj, x, lo_, hi_ in uniq], object)
     out[rows] = texts[np.ravel(inverse)]
