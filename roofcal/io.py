@@ -228,19 +228,31 @@ def yaml_load(text: str):
     return remembered(text, lambda t: yaml.load(t, Loader=loader))
 
 
-def read_yaml(path: str | os.PathLike, what: str = "file"):
-    """Parse a YAML file; a missing file or bad YAML raises a one-line ``RoofcalError``."""
-    import yaml
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A UTF-8 text file's text; a missing or undecodable file raises a one-line ``RoofcalError``."""
     from roofcal.errors import RoofcalError
     try:
-        return yaml_load(Path(path).read_text(encoding="utf-8"))
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RoofcalError(f"{path}: no such {what}")
     except UnicodeDecodeError:
         raise RoofcalError(f"{path}: not a UTF-8 text file")
+
+
+def parse_yaml(text: str, path: str | os.PathLike):
+    """:func:`yaml_load` of a file's ``text``; bad YAML raises a one-line ``RoofcalError``."""
+    import yaml
+    from roofcal.errors import RoofcalError
+    try:
+        return yaml_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise RoofcalError(f"{path}: invalid YAML" + (f" at line {mark.line + 1}" if mark else ""))
+
+
+def read_yaml(path: str | os.PathLike, what: str = "file"):
+    """Parse a YAML file; a missing file or bad YAML raises a one-line ``RoofcalError``."""
+    return parse_yaml(read_text(path, what), path)
 
 
 def read_json_object(path: str | os.PathLike, what: str = "file") -> dict:

@@ -22,7 +22,6 @@ Inputs are read from the project (``coeffs/``, ``model_configs/``, ``data/``) an
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
@@ -147,15 +146,17 @@ def make_inputs(tmp: Path) -> None:
 
 
 def snapshot(root: Path) -> dict:
-    """{relative path: sha256 of a file, or 'dir'} of everything under ``root``, hidden included."""
+    """{relative path: (size, mtime in ns, inode) of a file, or 'dir'} of everything under ``root``,
+    hidden included: any write changes it — a new file, an atomic replace (a new inode), a write
+    in place, even of the same bytes — without reading the 43 MB of inputs twice a case."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for d in dirnames:
             out[os.path.relpath(os.path.join(dirpath, d), root)] = "dir"
         for f in filenames:
             p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+            st = os.stat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns, st.st_ino)
     return out
 
 

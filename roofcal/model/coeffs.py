@@ -63,6 +63,7 @@ surface written before one of its descriptors existed reads with that descriptor
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -77,7 +78,7 @@ from roofcal.model import curves
 from roofcal.model import intervals as IV
 from roofcal.errors import RoofcalError, RoofcalWarning
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.io import read_yaml, write_text_atomic, yaml_text
+from roofcal.io import parse_yaml, read_text, write_text_atomic, yaml_text
 
 SCHEMA = "roofcal-coeffs/3"
 #: schema versions this roofcal reads
@@ -774,11 +775,35 @@ def save(c: Coefficients, path: str | Path) -> None:
     write_text_atomic(path, to_yaml(c))
 
 
+#: coefficient files read in this process: (path, SHA-256 of the text) → what :func:`load` built
+_LOADED: dict = {}
+LOADED_KEPT = 4
+
+
 def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
-    """Read and validate a coefficient file; with ``gpu``, also refuse one fitted for another GPU."""
+    """Read and validate a coefficient file; with ``gpu``, also refuse one fitted for another GPU.
+
+    A file read before in this process with the same text is not parsed and built again (the
+    shipped H100 file: 1.4 s, then 0.4 s with its parse remembered): its coefficients are handed
+    out as a deep copy, so a caller may change what it gets (curves, read-only, are shared)."""
+    import copy
     path = Path(path)
-    src = str(path)
-    doc = read_yaml(path, "coefficient file")
+    text = read_text(path, "coefficient file")
+    key = (str(path), hashlib.sha256(text.encode("utf-8")).hexdigest())
+    if key not in _LOADED:
+        c = _from_text(text, str(path))
+        while len(_LOADED) >= LOADED_KEPT:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = c
+    c = copy.deepcopy(_LOADED[key])
+    if gpu is not None:
+        c.check_gpu(load_gpu(gpu))
+    return c
+
+
+def _from_text(text: str, src: str) -> Coefficients:
+    """The validated coefficients of a file's ``text`` (``src``: its path, for errors)."""
+    doc = parse_yaml(text, src)
     if not isinstance(doc, dict):
         raise RoofcalError(f"{src}: not a roofcal coefficient file")
     schema = doc.get("schema")
@@ -801,10 +826,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
                      metrics=_metrics_part(doc.get("metrics", {}), per_op=False), source=src,
                      kernel_sets=sets, kernels=kernels)
     stacks, default = stacks_from_dict(doc, src)
-    c = with_stack(Coefficients(**{**c.__dict__, "stacks": stacks}), default)
-    if gpu is not None:
-        c.check_gpu(load_gpu(gpu))
-    return c
+    return with_stack(Coefficients(**{**c.__dict__, "stacks": stacks}), default)
 
 
 def as_read(doc):

@@ -120,6 +120,9 @@ class Curves(Mapping):
     def __eq__(self, other):
         return isinstance(other, Curves) and other._digest == self._digest
 
+    def __deepcopy__(self, memo):
+        return self                                      # read-only: a copy may share it
+
 
 jax.tree_util.register_pytree_node(Curves, lambda c: ((), c), lambda c, _: c)
 

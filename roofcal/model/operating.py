@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -88,8 +89,15 @@ def power_of(coeffs, gpu) -> P.PowerModel | None:
 def step_terms(params: dict, model, gpu, tp: int, batch, scale: float = 1.0) -> dict:
     """Per step at compute scale ``scale``: ``total`` (µs), its sensitivity ``sens`` = dT/ds (µs
     per unit of scale), ``ideal_compute`` and ``ideal_memory`` (µs). Arrays of shape (S,)."""
+    return _step_terms(params, model, gpu, tp, batch, jnp.float32(scale))
+
+
+@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+def _step_terms(params: dict, model, gpu, tp: int, batch, scale) -> dict:
+    """:func:`step_terms` as one compiled program (traced once per deployment and batch shape;
+    a ``jvp`` outside ``jit`` traced the whole step again at every call)."""
     f = lambda s: step_breakdown(at_compute_scale(params, s), model, gpu, tp, batch)
-    out, tangent = jax.jvp(f, (jnp.float32(scale),), (jnp.float32(1.0),))
+    out, tangent = jax.jvp(f, (scale,), (jnp.float32(1.0),))
     return {"total": out["total"], "sens": tangent["total"], "ideal_compute": out["ideal_compute"],
             "ideal_memory": out["ideal_memory"]}
 
