@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roofcal.model import correction as K
 from roofcal.grouping import unique_rows
+from roofcal.model import correction as K
 from roofcal.model import curves
 
 

@@ -193,7 +193,6 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     r = np.log(np.where(ok, y, 1.0) / np.where(ok, s, 1.0))
     good = np.flatnonzero(ok)
     uniq, inv = unique_rows(np.round(keys[good], 6))
-    inv = inv.reshape(-1)
     kept = ~artifacts(x[good], r[good], inv)      # an artifact is interior: no shape loses all rows
     good, inv = good[kept], inv[kept]
     out = {}
@@ -215,7 +214,6 @@ def _neighbour_prices(x, r, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x, r = np.asarray(x, np.float64), np.asarray(r, np.float64)
     # the (shape, axis value) points in lexicographic order; each row's point g
     points, g = unique_rows(np.stack([np.asarray(shape, np.float64), x], 1))
-    g = g.reshape(-1)
     total, count = np.bincount(g, weights=r), np.bincount(g)
     mean, lx, same = total / count, log_axis(points[:, 1]), points[:, 0]
     n = len(points)

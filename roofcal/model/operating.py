@@ -89,7 +89,7 @@ def power_of(coeffs, gpu) -> P.PowerModel | None:
 def step_terms(params: dict, model, gpu, tp: int, batch, scale: float = 1.0) -> dict:
     """Per step at compute scale ``scale``: ``total`` (µs), its sensitivity ``sens`` = dT/ds (µs
     per unit of scale), ``ideal_compute`` and ``ideal_memory`` (µs). Arrays of shape (S,)."""
-    return _step_terms(params, model, gpu, tp, batch, jnp.float32(scale))
+    return _step_terms(params, model, gpu, tp, batch, np.float32(scale))
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "tp"))
