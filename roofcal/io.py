@@ -250,6 +250,29 @@ def parse_yaml(text: str, path: str | os.PathLike):
         raise RoofcalError(f"{path}: invalid YAML" + (f" at line {mark.line + 1}" if mark else ""))
 
 
+def top_level_entries(text: str, names) -> str | None:
+    """The lines of a YAML document's top-level entries ``names``, as a document of their own:
+    for a block mapping whose keys each start a line, as PyYAML writes one (what sits at the
+    start of a line is then a key, a ``- `` item of a key's list or a comment); None for any
+    other layout (a flow mapping, quoted keys, document markers), which the caller parses whole."""
+    import re
+    key = re.compile(r"([A-Za-z_][A-Za-z0-9_]*):(?:[ \t]|$)")
+    out, keep = [], False
+    for line in text.splitlines(keepends=True):
+        first = line[:1]
+        if first in ("", " ", "\t", "\n", "\r", "#") or line.startswith("- ") or line.rstrip() == "-":
+            if keep:
+                out.append(line)
+            continue
+        m = key.match(line)
+        if m is None:
+            return None
+        keep = m.group(1) in names
+        if keep:
+            out.append(line)
+    return "".join(out)
+
+
 def read_yaml(path: str | os.PathLike, what: str = "file"):
     """Parse a YAML file; a missing file or bad YAML raises a one-line ``RoofcalError``."""
     return parse_yaml(read_text(path, what), path)

@@ -33,3 +33,32 @@ def test_a_file_read_again_is_an_independent_copy_of_what_was_built(tmp_path, mo
     assert C.load(path).calibrated is False and len(built) == 3      # changed text: read anew
     with pytest.raises(RoofcalError, match="fitted for GPU 'a100_sxm', not 'h100_sxm'"):
         C.load(path, "h100_sxm")                             # the GPU check still applies to a copy
+
+
+def _same_stacks(got, c):
+    return got.gpu == c.gpu and got.stack == c.stack and list(got.stacks) == list(c.stacks) and \
+        all(C.stack_to_dict(got.stacks[k]) == C.stack_to_dict(c.stacks[k]) for k in c.stacks)
+
+
+def test_top_level_entries_of_a_block_mapping():
+    from roofcal.io import top_level_entries
+    text = ("# a comment\nschema: x/1\nnotes:\n- one\n-\n  two: 2\nkernel_sets:\n  a:\n    b: [1, 2]\n"
+            "stacks:\n  s: {k: 1}\n\nstack: s\n")
+    assert top_level_entries(text, ("schema", "stacks", "stack")) == "schema: x/1\nstacks:\n  s: {k: 1}\n\nstack: s\n"
+    assert top_level_entries(text, ("notes",)) == "notes:\n- one\n-\n  two: 2\n"
+    assert top_level_entries("{schema: x, stacks: {}}\n", ("stacks",)) is None       # flow style
+    assert top_level_entries("---\nschema: x\n", ("schema",)) is None                  # a marker
+    assert top_level_entries("'schema': x\n", ("schema",)) is None                     # a quoted key
+
+
+def test_stacks_read_alone_are_the_files_stacks(tmp_path):
+    import yaml
+    for path in (COEFFS / "h100_sxm.yaml", A100):
+        assert _same_stacks(C.read_stacks(path), C.load(path))
+    flow = tmp_path / "flow.yaml"                                # another layout: read whole
+    flow.write_text(yaml.safe_dump(yaml.safe_load(A100.read_text()), default_flow_style=True, width=10**9, sort_keys=False))
+    assert _same_stacks(C.read_stacks(flow), C.load(A100))
+    broken = tmp_path / "broken.yaml"                            # the stacks are checked as load checks them
+    broken.write_text(A100.read_text().replace("\nstacks:\n", "\nstacks: 5\nold_stacks:\n", 1))
+    with pytest.raises(RoofcalError, match=r"broken.yaml: field 'stacks' must map stack names to stacks"):
+        C.read_stacks(broken)
