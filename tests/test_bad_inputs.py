@@ -734,3 +734,21 @@ def test_every_command_is_covered():
     covered = {cmd for cmd in commands for c in CASES if c.argv[:len(cmd)] == cmd}
     assert commands - covered == set(), f"commands without a bad-input case: {sorted(commands - covered)}"
     assert len(CASES) >= 110
+
+
+def test_the_snapshot_sees_every_kind_of_write(tmp_path):
+    """What ``check_outcome`` compares: a new file, an atomic replace and a write in place show,
+    even when they write the bytes the file already held."""
+    import time as _time
+    (tmp_path / "a.yaml").write_text("x: 1\n")
+    (tmp_path / "b.yaml").write_text("y: 2\n")
+    before = snapshot(tmp_path)
+    assert snapshot(tmp_path) == before                       # reading changes nothing
+    _time.sleep(0.05)                                         # past the clock's tick
+    tmp = tmp_path / ".a.tmp"
+    tmp.write_text("x: 1\n")
+    os.replace(tmp, tmp_path / "a.yaml")                      # atomic replace, same bytes
+    with open(tmp_path / "b.yaml", "r+") as fh:               # in place, same bytes
+        fh.write("y: 2\n")
+    (tmp_path / "c.csv").write_text("")
+    assert changes(before, snapshot(tmp_path)) == ["+ c.csv", "~ a.yaml", "~ b.yaml"]

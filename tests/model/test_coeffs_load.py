@@ -1,5 +1,6 @@
 """A coefficient file read again in one process: not built again, handed out as an independent
-copy; a changed file, or the same text under another path, is read anew."""
+copy; a changed file, or the same text under another path, is read anew. Its serving stacks
+read alone (what a fit carries): the same as the whole file's."""
 
 import shutil
 
@@ -56,7 +57,8 @@ def test_stacks_read_alone_are_the_files_stacks(tmp_path):
     for path in (COEFFS / "h100_sxm.yaml", A100):
         assert _same_stacks(C.read_stacks(path), C.load(path))
     flow = tmp_path / "flow.yaml"                                # another layout: read whole
-    flow.write_text(yaml.safe_dump(yaml.safe_load(A100.read_text()), default_flow_style=True, width=10**9, sort_keys=False))
+    doc = yaml.safe_load(A100.read_text())
+    flow.write_text(yaml.safe_dump(doc, default_flow_style=True, width=10**9, sort_keys=False))
     assert _same_stacks(C.read_stacks(flow), C.load(A100))
     broken = tmp_path / "broken.yaml"                            # the stacks are checked as load checks them
     broken.write_text(A100.read_text().replace("\nstacks:\n", "\nstacks: 5\nold_stacks:\n", 1))
