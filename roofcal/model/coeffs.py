@@ -732,12 +732,12 @@ def read_stacks(path: str | Path) -> StacksOf:
     path = Path(path)
     src = str(path)
     part = top_level_entries(read_text(path, "coefficient file"), STACKS_READ)
-    if part is None:
-        c = load(path)
-        return StacksOf(c.gpu, c.stacks, c.stack)
-    doc = parse_yaml(part, src)
+    try:
+        doc = None if part is None else parse_yaml(part, src)
+    except RoofcalError:
+        doc = None                                    # the whole file's error names its own line
     if not isinstance(doc, dict) or doc.get("schema") not in READS:
-        c = load(path)                                # fails as a whole file fails
+        c = load(path)                                # read whole: fails as a whole file fails
         return StacksOf(c.gpu, c.stacks, c.stack)
     g = doc.get("gpu")
     if not isinstance(g, dict) or not isinstance(g.get("name"), str) \

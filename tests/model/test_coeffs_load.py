@@ -2,6 +2,7 @@
 copy; a changed file, or the same text under another path, is read anew. Its serving stacks
 read alone (what a fit carries): the same as the whole file's."""
 
+import re
 import shutil
 
 import pytest
@@ -64,3 +65,11 @@ def test_stacks_read_alone_are_the_files_stacks(tmp_path):
     broken.write_text(A100.read_text().replace("\nstacks:\n", "\nstacks: 5\nold_stacks:\n", 1))
     with pytest.raises(RoofcalError, match=r"broken.yaml: field 'stacks' must map stack names to stacks"):
         C.read_stacks(broken)
+    bad = tmp_path / "bad.yaml"                                  # bad YAML: the whole file's line
+    bad.write_text(A100.read_text().replace("\nstacks:\n", "\nstacks:\n  [\n", 1))
+    with pytest.raises(RoofcalError) as whole:
+        C.load(bad)
+    assert re.search(r"bad.yaml: invalid YAML at line \d{4}", str(whole.value))   # past the kernels
+    with pytest.raises(RoofcalError) as alone:
+        C.read_stacks(bad)
+    assert str(alone.value) == str(whole.value)
