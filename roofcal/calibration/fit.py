@@ -392,13 +392,13 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
 
 def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
     """µs of each per-op row of a kind with measured shapes' curves predicted by its surface
-    alone (what a shape no table measured gets); NaN for the other rows."""
+    alone (what a shape no table measured gets); NaN for the other rows (:func:`predict_table`'s
+    ``surface_us``, which the fit's metrics take from their own prediction)."""
+    sel = rows["op"].isin(list(curves.AXES)).to_numpy()
     out = np.full(len(rows), np.nan)
-    sel = np.flatnonzero(rows["op"].isin(list(curves.AXES)).to_numpy())
-    if len(sel):
-        out[sel] = predict_table(rows.iloc[sel].reset_index(drop=True),
-                                 {"ops": curves.surfaces(ops),
-                                  "step": K.neutral_step_params()}, gpu)["predicted_us"].values
+    if sel.any():
+        out[sel] = predict_table(rows[sel].reset_index(drop=True), {"ops": ops, "step": K.neutral_step_params()},
+                                 gpu, surface=True)["surface_us"].to_numpy()
     return out
 
 
@@ -680,9 +680,9 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         idx = np.flatnonzero(rows)
         sub, sub_test = table.iloc[idx].reset_index(drop=True), test[idx]
         ks = c.kernel_sets[name]
-        pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu)
+        pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu, surface=True)
         ks.metrics = _round_metrics(kernel_metrics(sub, {"ops": ks.ops}, gpu, sub_test, pred))
-        ks.intervals = op_intervals(pred, sub_test, settings, surface_times(sub, ks.ops, gpu))
+        ks.intervals = op_intervals(pred, sub_test, settings, pred["surface_us"].to_numpy())
     c = with_kernels(c, c.kernels)          # the active set's bands mirrored
     metrics = {"train": {}, "heldout": {}}
     step_table = None

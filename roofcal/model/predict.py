@@ -212,17 +212,19 @@ def _op_times(p: dict, z, tc, tm) -> np.ndarray:
 
 
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
-                  bands: dict | None = None, compute_scale: float = 1.0) -> pd.DataFrame:
+                  bands: dict | None = None, compute_scale: float = 1.0,
+                  surface: bool = False) -> pd.DataFrame:
     """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
     with ``bands`` (:attr:`Coefficients.op_bands`) the 80 % interval ``p10_us``, ``p90_us``
     (NaN for kernels without held-out evidence), and with ``flags`` the shape flags
     ``ood_shape`` (log2 units), ``ood_what`` and ``no_kernel_data`` of
     :mod:`roofcal.model.domain` after them. ``compute_scale`` > 1: every kernel's compute-bound
     time that much longer (an SM clock below the bursts', :mod:`roofcal.model.operating`); 1 is
-    the kernels as timed."""
+    the kernels as timed. With ``surface``, also ``surface_us``: a kernel with measured shapes'
+    curves priced by its surface alone, as a shape no table measured (NaN for other kinds)."""
     out = df.copy()
     cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
-        (("p10_us", "p90_us") if bands is not None else ())
+        (("p10_us", "p90_us") if bands is not None else ()) + (("surface_us",) if surface else ())
     for col in cols:
         out[col] = np.nan
     flag = {"ood_shape": np.zeros(len(df)), "ood_what": np.full(len(df), "", object),
@@ -235,6 +237,8 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         _, p = K.lookup(params["ops"], op, dt)
         t = _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
+        if surface and op in measured_curves.AXES:
+            out.loc[out.index[idx], "surface_us"] = np.asarray(t, np.float64)
         t = t * factor                                     # measured shapes (:mod:`.curves`)
         out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
         out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)

@@ -154,3 +154,27 @@ def test_calibrated_model_is_monotone_within_one_percent(pf, dc, extra_tokens, e
               Step(prefill=tuple(pf) + ((extra_tokens, 0),), decode=tuple(dc)),
               Step(prefill=tuple(pf), decode=tuple(dc) + (extra_ctx,))):
         assert total(s, params=calibrated()) >= t0 * 0.99
+
+
+def test_surface_column_is_the_prediction_without_the_curves():
+    """``predict_table(surface=True)``: a kernel with measured shapes' curves priced by its
+    surface alone (what the fit's 'surface alone' bands take); the prediction itself is that
+    times the curve's factor."""
+    import numpy as np
+    import pandas as pd
+    from roofcal.model import coeffs as C, curves
+    from roofcal.model.correction import neutral_step_params
+    from roofcal.model.predict import predict_table
+    from roofcal.resources import COEFFS
+    c = C.load(COEFFS / "a100_sxm.yaml")
+    ops = c.kernel_sets[c.kernels].ops
+    rows = pd.DataFrame([
+        {"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16", "m": 512, "n": 4096, "k": 4096, "latency_us": 1.0},
+        {"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16", "m": 512, "n": 4096, "k": 12345, "latency_us": 1.0}])
+    got = predict_table(rows, {"ops": ops, "step": neutral_step_params()}, load_gpu("a100_sxm"), surface=True)
+    alone = predict_table(rows, {"ops": curves.surfaces(ops), "step": neutral_step_params()}, load_gpu("a100_sxm"))
+    assert np.array_equal(got["surface_us"].to_numpy(), alone["predicted_us"].to_numpy())
+    factor, found = curves.row_factors(ops["gemm/bf16"]["curves"], "gemm", rows)
+    assert found.tolist() == [True, False] and factor[0] != 1.0      # n = 4096, k = 12,345: no curve
+    assert np.allclose(got["predicted_us"].to_numpy(), got["surface_us"].to_numpy() * factor, rtol=1e-6)
+    assert "surface_us" not in predict_table(rows, {"ops": ops, "step": neutral_step_params()}, load_gpu("a100_sxm"))
