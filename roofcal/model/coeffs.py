@@ -822,7 +822,7 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
 
     A file read before in this process with the same text is not parsed and built again (the
     shipped H100 file: 1.6 s the first time, 0.03 s after): its coefficients are handed out as a
-    deep copy, so a caller may change what it gets (curves, read-only, are shared)."""
+    deep copy, so a caller may change what it gets (curves and JAX arrays, immutable, are shared)."""
     import copy
     path = Path(path)
     text = read_text(path, "coefficient file")
@@ -832,7 +832,10 @@ def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
         while len(_LOADED) >= LOADED_KEPT:
             _LOADED.pop(next(iter(_LOADED)))
         _LOADED[key] = c
-    c = copy.deepcopy(_LOADED[key])
+    kept = _LOADED[key]
+    parts = [kept.params] + [ks.ops for ks in kept.kernel_sets.values()] + [st.params for st in kept.stacks.values()]
+    shared = {id(x): x for x in jax.tree_util.tree_leaves(parts) if isinstance(x, jax.Array)}
+    c = copy.deepcopy(kept, shared)          # JAX arrays are immutable: shared, not copied (a program each)
     if gpu is not None:
         c.check_gpu(load_gpu(gpu))
     return c
