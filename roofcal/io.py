@@ -197,18 +197,19 @@ def yaml_text(doc, **options) -> str:
     return yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), **options)
 
 
-#: documents of the last few large YAML texts parsed, by parser and the SHA-256 of the text
+#: what the last few large texts parsed gave, by parser and the SHA-256 of the text
 _PARSED: dict = {}
 #: how many, and from what size (characters) a text is remembered
-PARSED_KEPT, PARSED_FROM = 4, 1 << 16
+PARSED_KEPT, PARSED_FROM = 8, 1 << 16
 
 
-def remembered(text: str, parse, parser: str = "safe"):
+def remembered(text: str, parse, parser: str = "safe", copy=None):
     """``parse(text)``; a large text (a coefficient file: 3.8 MB, 0.7–1.4 s to parse) parsed before
-    in this process by the same ``parser`` is not parsed again: its document is remembered by the
-    text's SHA-256 and handed out as a deep copy (35 ms), so a caller may change what it gets. A
-    text that fails to parse is not remembered (it fails again, with the same error)."""
-    import copy
+    in this process by the same ``parser`` is not parsed again: what it gave is remembered by the
+    text's SHA-256 and handed out as a copy (``copy``; default a deep copy, 35 ms for a YAML
+    document), so a caller may change what it gets. A text that fails to parse is not remembered
+    (it fails again, with the same error)."""
+    import copy as copies
     if len(text) < PARSED_FROM:
         return parse(text)
     key = (parser, hashlib.sha256(text.encode("utf-8")).hexdigest())
@@ -217,7 +218,7 @@ def remembered(text: str, parse, parser: str = "safe"):
         while len(_PARSED) >= PARSED_KEPT:
             _PARSED.pop(next(iter(_PARSED)))
         _PARSED[key] = doc
-    return copy.deepcopy(_PARSED[key])
+    return (copy or copies.deepcopy)(_PARSED[key])
 
 
 def yaml_load(text: str):

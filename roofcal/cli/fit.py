@@ -67,9 +67,8 @@ def cmd_fit(a) -> None:
     shipped = resources.COEFFS / f"{gpu.name}.yaml"
     carry_from = out if out.is_file() else (shipped if shipped.is_file() and not a.data else None)
     if carry_from is not None and not a.no_carry:
-        try:                        # the --prior file itself is not read twice (0.2–1.5 s)
-            same = prior is not None and Path(a.prior).resolve() == carry_from.resolve()
-            c = coeff_io.carry_stacks(c, prior if same else coeff_io.read_stacks(carry_from))
+        try:
+            c = coeff_io.carry_stacks(c, coeff_io.read_stacks(carry_from))
             if carry_from != out:
                 print(f"serving stacks not fitted here are carried from {resources.display(carry_from)}")
         except RoofcalError as err:

@@ -63,7 +63,6 @@ surface written before one of its descriptors existed reads with that descriptor
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -79,7 +78,7 @@ from roofcal.model import curves
 from roofcal.model import intervals as IV
 from roofcal.errors import RoofcalError, RoofcalWarning
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.io import parse_yaml, read_text, top_level_entries, write_text_atomic, yaml_text
+from roofcal.io import parse_yaml, read_text, remembered, top_level_entries, write_text_atomic, yaml_text
 
 SCHEMA = "roofcal-coeffs/3"
 #: schema versions this roofcal reads
@@ -739,11 +738,7 @@ def read_stacks(path: str | Path) -> StacksOf:
     if not isinstance(doc, dict) or doc.get("schema") not in READS:
         c = load(path)                                # read whole: fails as a whole file fails
         return StacksOf(c.gpu, c.stacks, c.stack)
-    g = doc.get("gpu")
-    if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
-            or not isinstance(g.get("datasheet_sha256"), str):
-        raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
-    _known_fields(g, GPU_FIELDS, src, "gpu.", "gpu")
+    g = _gpu_field(doc, src)
     stacks, default = stacks_from_dict(doc, src)
     return StacksOf(g["name"], stacks, default)
 
@@ -812,33 +807,37 @@ def save(c: Coefficients, path: str | Path) -> None:
     write_text_atomic(path, to_yaml(c))
 
 
-#: coefficient files read in this process: (path, SHA-256 of the text) → what :func:`load` built
-_LOADED: dict = {}
-LOADED_KEPT = 4
-
-
 def load(path: str | Path, gpu: GPUSpec | str | None = None) -> Coefficients:
     """Read and validate a coefficient file; with ``gpu``, also refuse one fitted for another GPU.
 
-    A file read before in this process with the same text is not parsed and built again (the
-    shipped H100 file: 1.6 s the first time, 0.03 s after): its coefficients are handed out as a
-    deep copy, so a caller may change what it gets (curves and JAX arrays, immutable, are shared)."""
-    import copy
+    A large file read before in this process with the same text is not parsed and built again
+    (:func:`roofcal.io.remembered`; the shipped H100 file: 1.6 s the first time, 0.02 s after):
+    its coefficients are handed out as a deep copy, so a caller may change what it gets (curves
+    and JAX arrays, immutable, are shared)."""
     path = Path(path)
-    text = read_text(path, "coefficient file")
-    key = (str(path), hashlib.sha256(text.encode("utf-8")).hexdigest())
-    if key not in _LOADED:
-        c = _from_text(text, str(path))
-        while len(_LOADED) >= LOADED_KEPT:
-            _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = c
-    kept = _LOADED[key]
-    parts = [kept.params] + [ks.ops for ks in kept.kernel_sets.values()] + [st.params for st in kept.stacks.values()]
-    shared = {id(x): x for x in jax.tree_util.tree_leaves(parts) if isinstance(x, jax.Array)}
-    c = copy.deepcopy(kept, shared)          # JAX arrays are immutable: shared, not copied (a program each)
+    c = remembered(read_text(path, "coefficient file"), lambda t: _from_text(t, str(path)),
+                   f"coefficients of {path}", _copy_sharing_arrays)
     if gpu is not None:
         c.check_gpu(load_gpu(gpu))
     return c
+
+
+def _copy_sharing_arrays(c: Coefficients) -> Coefficients:
+    """A deep copy of ``c`` whose JAX arrays (immutable) are ``c``'s own, not copied (each copy
+    is a compiled program per shape)."""
+    import copy
+    parts = [c.params] + [ks.ops for ks in c.kernel_sets.values()] + [st.params for st in c.stacks.values()]
+    return copy.deepcopy(c, {id(x): x for x in jax.tree_util.tree_leaves(parts) if isinstance(x, jax.Array)})
+
+
+def _gpu_field(doc: dict, src: str) -> dict:
+    """A coefficient file's ``gpu`` field, checked: its name and datasheet hash, nothing else."""
+    g = doc.get("gpu")
+    if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
+            or not isinstance(g.get("datasheet_sha256"), str):
+        raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
+    _known_fields(g, GPU_FIELDS, src, "gpu.", "gpu")
+    return g
 
 
 def _from_text(text: str, src: str) -> Coefficients:
@@ -850,11 +849,7 @@ def _from_text(text: str, src: str) -> Coefficients:
     if schema not in READS:
         raise RoofcalError(f"{src}: field 'schema' is {schema!r}; this roofcal reads {', '.join(map(repr, READS))}")
     _known_fields(doc, TOP_FIELDS[schema], src, "", "coefficient-file")
-    g = doc.get("gpu")
-    if not isinstance(g, dict) or not isinstance(g.get("name"), str) \
-            or not isinstance(g.get("datasheet_sha256"), str):
-        raise RoofcalError(f"{src}: field 'gpu' must give name and datasheet_sha256")
-    _known_fields(g, GPU_FIELDS, src, "gpu.", "gpu")
+    g = _gpu_field(doc, src)
     _field_types(doc, src, "", (("notes", list), ("data", list), ("fit", dict), ("metrics", dict)))
     if not isinstance(doc.get("calibrated", True), bool):
         raise RoofcalError(f"{src}: field 'calibrated' must be true or false")

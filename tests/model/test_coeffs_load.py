@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from roofcal import io
 from roofcal.errors import RoofcalError
 from roofcal.model import coeffs as C
 from roofcal.resources import COEFFS
@@ -18,7 +19,7 @@ def test_a_file_read_again_is_an_independent_copy_of_what_was_built(tmp_path, mo
     built = []
     real = C._from_text
     monkeypatch.setattr(C, "_from_text", lambda text, src: built.append(src) or real(text, src))
-    monkeypatch.setattr(C, "_LOADED", {})
+    monkeypatch.setattr(io, "_PARSED", {})
     path = tmp_path / "a100.yaml"
     shutil.copy(A100, path)
     first = C.load(path, "a100_sxm")
