@@ -182,7 +182,7 @@ class KernelData:
     """Rows of one kernel kind/variant, ready for the jitted loss."""
 
     kind: str
-    feats: jnp.ndarray | None  # (N, terms), or None where ``fac`` holds them
+    feats: jnp.ndarray | None  # (terms, N): transposed, see kernel_objective; None where ``fac`` holds them
     tc: jnp.ndarray           # ideal compute µs
     tm: jnp.ndarray           # ideal memory µs
     y: jnp.ndarray            # measured µs
@@ -194,7 +194,7 @@ class KernelData:
 
     def features(self) -> jnp.ndarray:
         """The (N, terms) feature matrix, whichever way it is held."""
-        return self.feats if self.fac is None else S.dense(self.fac)
+        return self.feats.T if self.fac is None else S.dense(self.fac)
 
     def objective(self) -> tuple:
         """(objective, its feature argument): :func:`kernel_objective` with ``feats`` or
@@ -227,10 +227,11 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
     out = {}
     for op, dt, idx, tc, tm, train, lo, hi, f, fac in prepared:
         pad = rows[op] - len(idx)
-        grow = lambda a, v: jax.device_put(np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (a.ndim - 1),
-                                                  constant_values=v))     # no XLA program per array
+        def grow(a, v, t=False):   # padded (and transposed) on the host, put once: no XLA program
+            a = np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=v)
+            return jax.device_put(np.ascontiguousarray(a.T) if t else a)
         out[K.op_key(op, dt)] = KernelData(
-            op, None if f is None else grow(f, 0.0), grow(tc, 1.0), grow(tm, 1.0),
+            op, None if f is None else grow(f, 0.0, t=True), grow(tc, 1.0), grow(tm, 1.0),
             grow(table["latency_us"].values[idx], 1.0), grow(train.astype(np.float32), 0.0),
             lo, hi, idx, None if fac is None else S.padded(fac, rows[op], shapes[op]))
     return out
@@ -289,13 +290,16 @@ def default_prior(kind: str, degree: int, d: KernelData) -> dict:
 def kernel_objective(p: dict, data: tuple):
     """Mean squared log-ratio of one kernel kind/variant plus its prior (see module docstring).
 
-    ``data``: (features (N, terms), tc, tm, measured µs, training weights, prior centre, prior
-    strengths, mask); ``mask`` (terms,) switches surface terms on (1) or off (0), for
-    continuation in degree.
+    ``data``: (features transposed (terms, N), tc, tm, measured µs, training weights, prior
+    centre, prior strengths, mask); ``mask`` (terms,) switches surface terms on (1) or off (0),
+    for continuation in degree. The features are held transposed because XLA's CPU backend
+    takes the two surfaces' products and their gradients faster from a (terms, N) matrix
+    (GEMM, 10,000 rows × 70 terms: loss and gradient 0.41 → 0.32 ms).
     """
-    feats, tc, tm, y, train, center, strength, mask = data
+    feats_t, tc, tm, y, train, center, strength, mask = data
     q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
-    pred = K.op_time_from_features(q, feats, tc, tm)
+    z = jnp.stack([q["eff_c"], q["eff_m"]]) @ feats_t
+    pred = K.corrected_time(q, jax.nn.sigmoid(z[0]), jax.nn.sigmoid(z[1]), tc, tm)
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
@@ -369,8 +373,8 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
 
     def size(k):                     # work per iteration: rows × surface terms
         d = data[k]
-        f = d.feats if d.fac is None else d.fac.shapes
-        return -int(d.tc.shape[0]) * int(f.shape[1]), k
+        terms = d.feats.shape[0] if d.fac is None else d.fac.shapes.shape[1]
+        return -int(d.tc.shape[0]) * int(terms), k
     keys = sorted(data, key=size)
     bar = None
     if settings.progress and keys:

@@ -53,7 +53,7 @@ def test_moe_table_factored_is_its_feature_matrix_and_objective():
     args = (d.fac, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, settings, 100.0, "moe"),
             jnp.ones(p["eff_c"].shape))
     v1, g1 = jax.value_and_grad(factored_objective)(p, args)
-    v2, g2 = jax.value_and_grad(kernel_objective)(p, (d.features(),) + args[1:])
+    v2, g2 = jax.value_and_grad(kernel_objective)(p, (d.features().T,) + args[1:])
     assert abs(float(v1) / float(v2) - 1) < 1e-5
     for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
         assert np.allclose(a, b, rtol=1e-3, atol=1e-6 * float(np.abs(b).max()) + 1e-9)
