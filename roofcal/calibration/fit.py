@@ -182,7 +182,7 @@ class KernelData:
     """Rows of one kernel kind/variant, ready for the jitted loss."""
 
     kind: str
-    feats: jnp.ndarray | None  # (terms, N): transposed, see kernel_objective; None where ``fac`` holds them
+    feats: jnp.ndarray | None  # (terms, N), transposed (kernel_objective); None: ``fac`` holds them
     tc: jnp.ndarray           # ideal compute µs
     tm: jnp.ndarray           # ideal memory µs
     y: jnp.ndarray            # measured µs

@@ -274,7 +274,7 @@ def efficiencies_z(p: dict, z):
 
 
 def op_time_from_features(p: dict, f, tc, tm):
-    """Corrected time (µs) from precomputed features ``f`` (fitting's hot path)."""
+    """Corrected time (µs) from precomputed features ``f`` (N, terms), e.g. a fit's rows."""
     ec = jax.nn.sigmoid(f @ p["eff_c"])
     em = jax.nn.sigmoid(f @ p["eff_m"])
     return corrected_time(p, ec, em, tc, tm)
