@@ -292,14 +292,11 @@ def kernel_objective(p: dict, data: tuple):
 
     ``data``: (features transposed (terms, N), tc, tm, measured µs, training weights, prior
     centre, prior strengths, mask); ``mask`` (terms,) switches surface terms on (1) or off (0),
-    for continuation in degree. The features are held transposed because XLA's CPU backend
-    takes the two surfaces' products and their gradients faster from a (terms, N) matrix
-    (GEMM, 10,000 rows × 70 terms: loss and gradient 0.41 → 0.32 ms).
+    for continuation in degree (the layout: :func:`roofcal.model.correction.op_time_from_features`).
     """
     feats_t, tc, tm, y, train, center, strength, mask = data
     q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
-    z = jnp.stack([q["eff_c"], q["eff_m"]]) @ feats_t
-    pred = K.corrected_time(q, jax.nn.sigmoid(z[0]), jax.nn.sigmoid(z[1]), tc, tm)
+    pred = K.op_time_from_features(q, feats_t, tc, tm)
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 

@@ -273,11 +273,13 @@ def efficiencies_z(p: dict, z):
     return jax.nn.sigmoid(f @ p["eff_c"]), jax.nn.sigmoid(f @ p["eff_m"])
 
 
-def op_time_from_features(p: dict, f, tc, tm):
-    """Corrected time (µs) from precomputed features ``f`` (N, terms), e.g. a fit's rows."""
-    ec = jax.nn.sigmoid(f @ p["eff_c"])
-    em = jax.nn.sigmoid(f @ p["eff_m"])
-    return corrected_time(p, ec, em, tc, tm)
+def op_time_from_features(p: dict, f_t, tc, tm):
+    """Corrected time (µs) of N rows from their precomputed features, held transposed: ``f_t``
+    (terms, N) — the fit's hot path, where XLA's CPU backend takes the two surfaces' products and
+    their gradients faster from that layout (GEMM, 10,000 rows × 70 terms: a loss and its
+    gradient 0.41 → 0.32 ms)."""
+    z = jnp.stack([p["eff_c"], p["eff_m"]]) @ f_t
+    return corrected_time(p, jax.nn.sigmoid(z[0]), jax.nn.sigmoid(z[1]), tc, tm)
 
 
 def corrected_time(p: dict, ec, em, tc, tm):
