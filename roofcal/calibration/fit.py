@@ -43,7 +43,7 @@ from roofcal.calibration.loss import prior_penalty
 from roofcal.metrics import error_summary, log_ratio_sq, split_groups
 from roofcal.model.combine import NON_COMPONENT, overhead_counts, step_breakdown
 from roofcal.physics.kernels import groups
-from roofcal.model.predict import predict_table, row_times
+from roofcal.model.predict import IdealTimes, ideal_times, predict_table
 from roofcal.calibration.optim import lbfgs, minimize
 from roofcal.physics.steps import step_totals
 
@@ -202,16 +202,19 @@ class KernelData:
         return (kernel_objective, self.feats) if self.fac is None else (factored_objective, self.fac)
 
 
-def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: FitSettings) -> dict:
+def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: FitSettings,
+                ideal: IdealTimes | None = None) -> dict:
     """Precompute features and ideal times per kernel kind/variant (factored through the
-    measured shapes for :data:`FACTORED_KINDS`).
+    measured shapes for :data:`FACTORED_KINDS`); ``ideal``: the rows' ideal times, when already
+    computed (:func:`roofcal.model.predict.ideal_times`).
 
     Every variant of a kind is zero-padded (weight 0) to the kind's largest row count (and
     shape count), so the variants share one compiled objective.
     """
     prepared = []
+    ideal = ideal_times(gpu, table) if ideal is None else ideal
     for g, op, dt, idx in groups(table):
-        tc, tm, z = row_times(gpu, op, dt, table, idx)
+        tc, tm, z = ideal.rows(op, idx)
         z = np.asarray(z)
         train = ~test[idx]
         ztr = z[train] if train.any() else z
@@ -403,17 +406,20 @@ def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
     return out
 
 
-def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec) -> None:
+def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec,
+               ideal: IdealTimes | None = None) -> None:
     """Give each fitted kernel of a kind with a curve axis the curves of its measured shapes
     (:mod:`roofcal.model.curves`): the log-ratio of its training rows (``rows`` where ``train``;
     every row not held out, also those beyond the fit's row cap) to its fitted surface. In place.
     The surface predicts all ``rows`` of those kinds, the table sizes the metrics predict later,
-    so both share their compiled programs."""
+    so both share their compiled programs; ``ideal``: the rows' ideal times, when already
+    computed."""
     keep = rows["op"].isin(list(curves.AXES)).to_numpy()
     rows, train = rows[keep].reset_index(drop=True), np.asarray(train)[keep]
     if not len(rows):
         return
-    surface = predict_table(rows, {"ops": ops, "step": K.neutral_step_params()}, gpu)["predicted_us"].values
+    surface = predict_table(rows, {"ops": ops, "step": K.neutral_step_params()}, gpu,
+                            ideal=None if ideal is None else ideal.take(np.flatnonzero(keep)))["predicted_us"].values
     for _, op, dt, idx in groups(rows):
         key, idx = K.op_key(op, dt), idx[train[idx]]
         if key in ops and len(idx):
@@ -595,6 +601,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     table = table.reset_index(drop=True)
     if "kernels" not in table:
         table["kernels"] = ""
+    ideal = ideal_times(gpu, table)          # every row's ideal times, once
     labels = row_labels(table)
     test = split_rows(labels, settings.holdout, settings.seed)
     fitted = cap_rows(labels, ~test, settings.max_rows, settings.seed)
@@ -614,7 +621,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     for unit in units:
         own = np.flatnonzero(fitted & (sets_of_rows == unit))
         sub = table.iloc[own].reset_index(drop=True)
-        rows = kernel_data(sub, gpu, np.zeros(len(sub), bool), settings)
+        rows = kernel_data(sub, gpu, np.zeros(len(sub), bool), settings, ideal.take(own))
         ops = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
         data.update({(unit, k): d for k, d in rows.items()})
         p0.update({(unit, k): v for k, v in ops.items()})
@@ -625,7 +632,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     for unit in units:
         fits[unit] = {k: v for (u, k), v in fitted_ops.items() if u == unit}
         mine = np.flatnonzero(sets_of_rows == unit)
-        add_curves(fits[unit], table.iloc[mine].reset_index(drop=True), ~test[mine], gpu)
+        add_curves(fits[unit], table.iloc[mine].reset_index(drop=True), ~test[mine], gpu, ideal.take(mine))
     log("stage 1 (kernels) done")
 
     if set_rows:
@@ -681,7 +688,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         idx = np.flatnonzero(rows)
         sub, sub_test = table.iloc[idx].reset_index(drop=True), test[idx]
         ks = c.kernel_sets[name]
-        pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu, surface=True)
+        pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu, surface=True,
+                             ideal=ideal.take(idx))
         ks.metrics = _round_metrics(kernel_metrics(sub, {"ops": ks.ops}, gpu, sub_test, pred))
         ks.intervals = op_intervals(pred, sub_test, settings, pred["surface_us"].to_numpy())
     c = with_kernels(c, c.kernels)          # the active set's bands mirrored

@@ -3,6 +3,7 @@ and the corrected time of every row of a per-op table."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Sequence
@@ -201,6 +202,43 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     return tc, tm, z
 
 
+@dataclass(frozen=True)
+class IdealTimes:
+    """:func:`row_times` of every row of a per-op table, computed once and shared by whoever
+    predicts its rows (a fit computes them once instead of for its features, its curves and its
+    metrics: the MoE rows' routing sums alone took ≈ 0.3 s a pass).
+
+    ``tc``, ``tm`` (N,) float32 ideal compute and memory µs; ``z`` (N, D) float32 standardized
+    shapes, D the most descriptors of any kernel kind (a kind's own in its first columns)."""
+
+    tc: np.ndarray
+    tm: np.ndarray
+    z: np.ndarray
+
+    def take(self, idx) -> "IdealTimes":
+        """The rows ``idx`` (positions), in that order."""
+        return IdealTimes(self.tc[idx], self.tm[idx], self.z[idx])
+
+    def rows(self, op: str, idx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tc, tm, z) of rows ``idx`` of kernel kind ``op``, as :func:`row_times` gives them."""
+        return self.tc[idx], self.tm[idx], self.z[idx, :len(K.OP_KINDS[op].descriptors)]
+
+
+def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
+    """:class:`IdealTimes` of every row of ``df`` (all rows must be for ``gpu``), one
+    :func:`row_times` call per (op, dtype) group."""
+    width = max(len(k.descriptors) for k in K.OP_KINDS.values())
+    tc, tm = np.zeros(len(df), np.float32), np.zeros(len(df), np.float32)
+    z = np.zeros((len(df), width), np.float32)
+    for g, op, dt, idx in groups(df):
+        if g != gpu.name:
+            raise RoofcalError(f"{df['source'].iloc[idx[0]]}: rows are for GPU '{g}' but the "
+                               f"coefficients are for '{gpu.name}'")
+        tc[idx], tm[idx], zi = row_times(gpu, op, dt, df, idx)
+        z[idx, :zi.shape[1]] = zi
+    return IdealTimes(tc, tm, z)
+
+
 def _op_times(p: dict, z, tc, tm) -> np.ndarray:
     """:func:`~roofcal.model.correction.op_time_z` of ``len(tc)`` rows, computed padded to
     :func:`padded_size` rows (row-wise, so the values are the same) so that tables of similar size
@@ -213,7 +251,7 @@ def _op_times(p: dict, z, tc, tm) -> np.ndarray:
 
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
                   bands: dict | None = None, compute_scale: float = 1.0,
-                  surface: bool = False) -> pd.DataFrame:
+                  surface: bool = False, ideal: IdealTimes | None = None) -> pd.DataFrame:
     """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
     with ``bands`` (:attr:`Coefficients.op_bands`) the 80 % interval ``p10_us``, ``p90_us``
     (NaN for kernels without held-out evidence), and with ``flags`` the shape flags
@@ -221,7 +259,8 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     :mod:`roofcal.model.domain` after them. ``compute_scale`` > 1: every kernel's compute-bound
     time that much longer (an SM clock below the bursts', :mod:`roofcal.model.operating`); 1 is
     the kernels as timed. With ``surface``, also ``surface_us``: a kernel with measured shapes'
-    curves priced by its surface alone, as a shape no table measured (NaN for other kinds)."""
+    curves priced by its surface alone, as a shape no table measured (NaN for other kinds).
+    ``ideal``: the rows' :func:`ideal_times`, when already computed."""
     out = df.copy()
     cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
         (("p10_us", "p90_us") if bands is not None else ()) + (("surface_us",) if surface else ())
@@ -229,11 +268,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         out[col] = np.nan
     flag = {"ood_shape": np.zeros(len(df)), "ood_what": np.full(len(df), "", object),
             "ood_detail": np.full(len(df), "", object), "no_kernel_data": np.zeros(len(df), bool)}
+    ideal = ideal_times(gpu, df) if ideal is None else ideal
     for g, op, dt, idx in groups(df):
-        if g != gpu.name:
-            raise RoofcalError(f"{df['source'].iloc[idx[0]]}: rows are for GPU '{g}' but the "
-                               f"coefficients are for '{gpu.name}'")
-        tc, tm, z = row_times(gpu, op, dt, df, idx)
+        tc, tm, z = ideal.rows(op, idx)
         _, p = K.lookup(params["ops"], op, dt)
         t = _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])

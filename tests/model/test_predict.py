@@ -178,3 +178,32 @@ def test_surface_column_is_the_prediction_without_the_curves():
     assert found.tolist() == [True, False] and factor[0] != 1.0      # n = 4096, k = 12,345: no curve
     assert np.allclose(got["predicted_us"].to_numpy(), got["surface_us"].to_numpy() * factor, rtol=1e-6)
     assert "surface_us" not in predict_table(rows, {"ops": ops, "step": neutral_step_params()}, load_gpu("a100_sxm"))
+
+
+def test_ideal_times_once_per_table_match_row_times():
+    """``ideal_times``: every row's ideal times, computed once for a table (the fit shares them
+    between its features, curves and metrics). Hand-checked A100 GEMM 512 × 4096 × 4096 bf16:
+    2·512·4096·4096 FLOP / 312 TFLOP/s = 55.06 µs; (512·4096 + 4096² + 512·4096)·2 B / 2.039 TB/s
+    = 20.57 µs; z_m = (log2(513) − 7) / 4 = 0.5007. Rows of several kinds, in any order, give
+    what ``row_times`` gives each kind's rows, and ``take`` keeps rows in the order asked."""
+    import numpy as np
+    import pandas as pd
+    from roofcal.model.predict import ideal_times, row_times
+    rows = pd.DataFrame([
+        {"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16", "m": 512, "n": 4096, "k": 4096},
+        {"gpu": "a100_sxm", "op": "attn_decode", "dtype": "bf16", "batch": 8, "context": 1024,
+         "heads": 32, "kv_heads": 8, "head_dim": 128},
+        {"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16", "m": 1, "n": 4096, "k": 4096}])
+    gpu = load_gpu("a100_sxm")
+    it = ideal_times(gpu, rows)
+    assert it.tc[0] == pytest.approx(55.06, abs=0.01) and it.tm[0] == pytest.approx(20.57, abs=0.01)
+    assert it.z[0, 0] == pytest.approx(0.5007, abs=1e-4)
+    for op, idx in (("gemm", np.array([0, 2])), ("attn_decode", np.array([1]))):
+        want = row_times(gpu, op, "bf16", rows, idx)
+        for got, w in zip(it.rows(op, idx), want):
+            assert got.shape == w.shape and np.array_equal(got, w)
+    sub = it.take(np.array([2, 0]))
+    assert np.array_equal(sub.tc, it.tc[[2, 0]]) and sub.z.shape == (2, it.z.shape[1])
+    from roofcal.errors import RoofcalError
+    with pytest.raises(RoofcalError, match="rows are for GPU 'a100_sxm'"):
+        ideal_times(load_gpu("h100_sxm"), rows.assign(source="t.csv"))
