@@ -86,7 +86,7 @@ class PowerFit:
 def phase_models(meas, params: dict, gpu) -> list[PhaseModel]:
     """:class:`PhaseModel` of every phase of ``meas`` (a :class:`~roofcal.measurements.sustained.
     Sustained`), priced by the kernel corrections ``params`` (bf16 GEMMs) on ``gpu``."""
-    from roofcal.model.predict import predict_table
+    from roofcal.model.predict import ideal_times, predict_table
     burst = pd.read_csv(meas.burst)
     if "mode" in burst.columns:
         burst = burst[burst["mode"] == "cold"]
@@ -97,8 +97,9 @@ def phase_models(meas, params: dict, gpu) -> list[PhaseModel]:
                 rows.append({"phase": i, "gpu": gpu.name, "op": "gemm", "dtype": "bf16", "m": m, "n": n, "k": k,
                              "source": str(meas.burst)})
     df = pd.DataFrame(rows)
-    base = predict_table(df, params, gpu)
-    grid = np.stack([predict_table(df, params, gpu, compute_scale=float(s))["predicted_us"].to_numpy()
+    ideal = ideal_times(gpu, df)                                            # once, for the grid
+    base = predict_table(df, params, gpu, ideal=ideal)
+    grid = np.stack([predict_table(df, params, gpu, compute_scale=float(s), ideal=ideal)["predicted_us"].to_numpy()
                      for s in SCALE_GRID])                                  # (scales, rows)
     # the burst step: the table's row where measured, else the model × the shape's table/model
     # ratio at its nearest measured token count

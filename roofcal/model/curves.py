@@ -464,14 +464,26 @@ def _text(values) -> str:
                     for v in values)
 
 
+#: the curve lines :func:`to_dict` wrote last, by kind and :class:`Curves` digest (a fit writes
+#: each curve set twice, for its metrics' round trip and for its file: 0.6 s of text a time)
+_LINES: dict = {}
+LINES_KEPT = 128
+
+
 def to_dict(kind: str, curves: dict) -> dict:
     """An op's curves as its file block: the axis, the shape descriptors, the ``shrink`` λ, and
     per measured shape its ``shape`` values, the axis values ``at`` and the ``log_ratio``
     ln(measured / surface), each a line of space-separated numbers."""
+    digest = getattr(curves, "_digest", None)          # what the lines are made of: λ, keys, values
+    lines = _LINES.get((kind, digest)) if digest is not None else None
+    if lines is None:
+        lines = [(_text(key), _text(at), _text(stored(rs))) for key, (at, rs) in sorted(curves.items())]
+        if digest is not None:
+            while len(_LINES) >= LINES_KEPT:
+                _LINES.pop(next(iter(_LINES)))
+            _LINES[(kind, digest)] = lines
     return {"axis": AXES[kind], "shape": " ".join(KEYS[kind]), "shrink": shrink_of(curves), "curves": [
-        {"shape": _text(key), "at": _text(at),
-         "log_ratio": _text(stored(rs))}
-        for key, (at, rs) in sorted(curves.items())]}
+        {"shape": k, "at": a, "log_ratio": r} for k, a, r in lines]}
 
 
 def _numbers(v, where: str, low: float = -math.inf) -> np.ndarray:

@@ -158,6 +158,23 @@ def test_attention_curves_shrink_by_leave_one_out_over_the_blend_by_hand():
     assert c.shrink == curves.shrinkage(want, got)
 
 
+def test_file_block_lines_written_once_per_content():
+    """A curve set's lines are written once and reused for the same content (a fit writes each set
+    twice: its metrics' round trip, its file), by kind and content: a set read back from its own
+    block gives the same block, another λ or value other lines, and a caller changing the block it
+    got does not change the next one."""
+    c = curves.Curves({MIXTRAL: (np.array([1.0, 2.0]), np.array([0.012345, -0.5]))}, 0.5)
+    first = curves.to_dict("moe", c)
+    first["curves"][0]["log_ratio"] = "9"
+    again = curves.to_dict("moe", c)
+    assert again["curves"][0] == {"shape": "4096 14336 2 8 2 1 0", "at": "1 2", "log_ratio": "0.0123 -0.5"}
+    back = curves.from_dict("moe", again, "f.yaml: field 'ops.moe/bf16.measured_shapes")
+    assert back is not c and curves.to_dict("moe", back) == again
+    other = curves.Curves({MIXTRAL: (np.array([1.0, 2.0]), np.array([0.0124, -0.5]))}, 0.5)
+    assert curves.to_dict("moe", other)["curves"][0]["log_ratio"] == "0.0124 -0.5"
+    assert curves.to_dict("moe", curves.Curves(dict(c), 0.25))["shrink"] == 0.25
+
+
 def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
     c = {MIXTRAL: (np.array([1.0, 2.0, 2 ** 30]), np.array([0.012345, -0.5, -0.00001]))}
     d = yaml_load(yaml_text(curves.to_dict("moe", c)))
