@@ -26,6 +26,12 @@ def test_degree_one_gemm_by_hand():
     assert np.allclose(f.shapes, [[1, 1, 0.5, -1.0, 0.0], [1, 1, 1.5, 0.25, 1.0]])
     assert np.allclose(f.powers, [[1, 0.2], [1, -0.4], [1, 0.9]])
     assert np.asarray(f.onehot).tolist() == [[1, 0], [0, 1], [1, 0], [1, 0], [1, 0]]
+    # the shapes' columns by the terms' axis power: m^0 (terms 1, n, k, tile), m^1 (term m),
+    # each block held both ways (terms × shapes for the product, shapes × terms for its gradient)
+    assert np.asarray(f.order).tolist() == [0, 2, 3, 4, 1]
+    (b0t, b0), (b1t, b1) = f.blocks
+    assert np.allclose(b0, np.asarray(f.shapes)[:, [0, 2, 3, 4]]) and np.allclose(b0t, np.asarray(b0).T)
+    assert np.allclose(b1, np.asarray(f.shapes)[:, [1]]) and b1t.shape == (1, 2)
     w = jnp.asarray([[0.3, -1.0], [2.0, 0.5], [-0.5, 1.0], [1.0, 0.0], [0.7, 2.0]])
     # row 0: 0.3 + 2·0.2 − 0.5·0.5 + 1·(−1) + 0 = −0.55; −1 + 0.5·0.2 + 0.5 + 0 + 0 = −0.4
     assert np.allclose(S.logits(f, w)[0], [-0.55, -0.4], atol=1e-6)
@@ -53,7 +59,7 @@ def test_moe_table_factored_is_its_feature_matrix_and_objective():
     args = (d.fac, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, settings, 100.0, "moe"),
             jnp.ones(p["eff_c"].shape))
     v1, g1 = jax.value_and_grad(factored_objective)(p, args)
-    v2, g2 = jax.value_and_grad(kernel_objective)(p, (d.features().T,) + args[1:])
+    v2, g2 = jax.value_and_grad(kernel_objective)(p, ((d.features().T, d.features()),) + args[1:])
     assert abs(float(v1) / float(v2) - 1) < 1e-5
     for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
         assert np.allclose(a, b, rtol=1e-3, atol=1e-6 * float(np.abs(b).max()) + 1e-9)

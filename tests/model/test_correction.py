@@ -32,3 +32,21 @@ def test_soft_max_gradients_by_hand_and_finite_at_zero():
     g = jax.grad(smax, argnums=(0, 1, 2))(0.0, 4.0, 3.0)                   # one side idle
     assert all(np.isfinite(float(x)) for x in g)
     assert abs(float(g[1]) - 1.0) < 1e-6 and abs(float(g[2])) < 1e-6
+
+
+def test_product_value_and_gradient_by_hand():
+    """``product(w, x_t, x)`` is w @ x_t; its gradient in w, taken from x (= x_tᵀ, held rows
+    first), is the product's own: for L = Σ (w @ x_t) ⊙ c, dL/dw = c @ x_tᵀ. By hand: w = [[1, 2]],
+    x_t = [[1, 0, 2], [3, 1, 0]]: w @ x_t = [7, 2, 2]; c = [1, 1, 2]: dL/dw = [1 + 4, 3 + 1] = [5, 4]."""
+    from roofcal.model.correction import product
+    w = jnp.asarray([[1.0, 2.0]])
+    x_t = jnp.asarray([[1.0, 0.0, 2.0], [3.0, 1.0, 0.0]])
+    c = jnp.asarray([1.0, 1.0, 2.0])
+    assert np.asarray(product(w, x_t, x_t.T)).tolist() == [[7.0, 2.0, 2.0]]
+    g = jax.grad(lambda w: jnp.sum(product(w, x_t, x_t.T) * c))(w)
+    assert np.asarray(g).tolist() == [[5.0, 4.0]]
+    r = np.random.default_rng(1)
+    w, x_t, c = (jnp.asarray(r.normal(size=s), jnp.float32) for s in ((2, 35), (35, 500), (2, 500)))
+    want = jax.grad(lambda w: jnp.sum(jnp.tanh(w @ x_t) * c))(w)
+    got = jax.grad(lambda w: jnp.sum(jnp.tanh(product(w, x_t, jnp.asarray(np.asarray(x_t).T))) * c))(w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
