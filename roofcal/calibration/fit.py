@@ -330,12 +330,17 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     local minima for different step sizes. So the degree-1 surface is fitted first (L-BFGS), then
     the degree-2 terms are switched on and the fit resumed from there, and so on up to the full
     degree; each stage starts where the simpler surface ended, so it never ends worse than it on
-    the training objective. One compiled program serves every stage (terms are masked).
+    the training objective. One compiled program serves every stage (terms are masked). The
+    clamp bounds ``lo``, ``hi`` are the rows' (features are computed with them): they are set
+    aside, not carried through L-BFGS (their gradient is 0; two leaves fewer, the same sums).
     """
     n = float(np.asarray(d.train).sum())
     strength = prior_strengths(center, settings, max(n, 1.0), d.kind)
     p = {**init, "lo": center["lo"], "hi": center["hi"]} if init is not None \
         else init_op_params(d, settings.degree_of(d.kind))
+    bounds = {"lo": p["lo"], "hi": p["hi"]}
+    free = lambda tree: {k: v for k, v in tree.items() if k not in bounds}
+    p, center, strength = free(p), free(center), free(strength)
     k = K.OP_KINDS[d.kind]
     order = K.exponents(len(k.descriptors), K.degree_of(len(k.descriptors),
                                                         int(p["eff_c"].shape[0]))).sum(1)
@@ -350,7 +355,7 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
                          chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL)
         if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
             p, best = q, value
-    return p
+    return {**p, **bounds}
 
 
 def kernel_workers() -> int:
