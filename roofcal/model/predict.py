@@ -264,8 +264,7 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     out = df.copy()
     cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
         (("p10_us", "p90_us") if bands is not None else ()) + (("surface_us",) if surface else ())
-    for col in cols:
-        out[col] = np.nan
+    col = {c: np.full(len(df), np.nan) for c in cols}     # filled group by group, put in once
     flag = {"ood_shape": np.zeros(len(df)), "ood_what": np.full(len(df), "", object),
             "ood_detail": np.full(len(df), "", object), "no_kernel_data": np.zeros(len(df), bool)}
     ideal = ideal_times(gpu, df) if ideal is None else ideal
@@ -275,11 +274,11 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         t = _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
         if surface and op in measured_curves.AXES:
-            out.loc[out.index[idx], "surface_us"] = np.asarray(t, np.float64)
+            col["surface_us"][idx] = np.asarray(t, np.float64)
         t = t * factor                                     # measured shapes (:mod:`.curves`)
-        out.loc[out.index[idx], "ideal_compute_us"] = np.asarray(tc, np.float64)
-        out.loc[out.index[idx], "ideal_memory_us"] = np.asarray(tm, np.float64)
-        out.loc[out.index[idx], "predicted_us"] = np.asarray(t, np.float64)
+        col["ideal_compute_us"][idx] = np.asarray(tc, np.float64)
+        col["ideal_memory_us"][idx] = np.asarray(tm, np.float64)
+        col["predicted_us"][idx] = np.asarray(t, np.float64)
         shape_flags = domain.op_shape_flags(params["ops"], op, dt, z) if (flags or bands is not None) else None
         if bands is not None:
             share = None
@@ -289,10 +288,12 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
                 share = intervals.prefix_share(x[:, 1], x[:, 2])
             lo, hi = intervals.op_interval(bands, op, dt, tc, tm, t, shape_flags["ood_shape"], share,
                                            measured if op in measured_curves.AXES else None)
-            out.loc[out.index[idx], "p10_us"], out.loc[out.index[idx], "p90_us"] = lo, hi
+            col["p10_us"][idx], col["p90_us"][idx] = lo, hi
         if flags:
             for name, v in shape_flags.items():
                 flag[name][idx] = v
+    for c in cols:
+        out[c] = col[c]
     if "latency_us" in out.columns:
         out["rel_error"] = out["predicted_us"] / out["latency_us"] - 1.0
     if flags:
