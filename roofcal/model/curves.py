@@ -195,12 +195,11 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     uniq, inv = unique_rows(np.round(keys[good], 6))
     kept = ~artifacts(x[good], r[good], inv)      # an artifact is interior: no shape loses all rows
     good, inv = good[kept], inv[kept]
-    out = {}
-    for key, mine in zip(uniq, members(inv, len(uniq))):   # shapes in ascending order
-        idx = good[mine]
-        at, pos = np.unique(x[idx], return_inverse=True)
-        pos = pos.reshape(-1)
-        out[shape_key(key)] = (at, stored(np.bincount(pos, weights=r[idx]) / np.bincount(pos)))
+    # every (shape, axis value) point at once, in order (shapes ascending, then their values)
+    points, point = unique_rows(np.stack([inv, x[good]], 1))
+    mean = stored(np.bincount(point, weights=r[good]) / np.bincount(point))
+    cut = np.searchsorted(points[:, 0], np.arange(len(uniq) + 1))
+    out = {shape_key(key): (points[a:b, 1].copy(), mean[a:b]) for key, a, b in zip(uniq, cut[:-1], cut[1:])}
     if kind in ACROSS:
         group = unique_rows(uniq[:, :-1])[1][inv]
         return Curves(out, shrinkage(*leave_one_out_across(x[good], r[good], inv, group,
