@@ -432,8 +432,9 @@ def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec,
     rows, train = rows[keep].reset_index(drop=True), np.asarray(train)[keep]
     if not len(rows):
         return
+    ideal = None if ideal is None else ideal.take(np.flatnonzero(keep))
     surface = predict_table(rows, {"ops": ops, "step": K.neutral_step_params()}, gpu,
-                            ideal=None if ideal is None else ideal.take(np.flatnonzero(keep)))["predicted_us"].values
+                            ideal=ideal)["predicted_us"].values
     for _, op, dt, idx in groups(rows):
         key, idx = K.op_key(op, dt), idx[train[idx]]
         if key in ops and len(idx):

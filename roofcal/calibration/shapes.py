@@ -36,7 +36,7 @@ class Factored(NamedTuple):
     powers: jnp.ndarray      # (N, J) float32: each row's clipped axis value to the powers 0 … J − 1
     shape_of: jnp.ndarray    # (N,) int32: each row's shape
     onehot: jnp.ndarray      # (T, J) float32: E[t, j] = 1 where term t holds the axis to power j
-    blocks: tuple = ()       # J arrays (U, T_j): ``shapes``' columns of the terms with axis power j
+    blocks: tuple = ()       # J pairs: ``shapes``' columns of the terms with axis power j, (T_j, U), (U, T_j)
     order: jnp.ndarray | None = None   # (T,) int32: the terms, by axis power (the blocks' columns)
 
 
@@ -57,7 +57,8 @@ def factor(kind: str, z: np.ndarray, lo: np.ndarray, hi: np.ndarray, degree: int
     if a is None or not len(zc):                                 # every row its own shape
         shapes = np.prod(zc[:, None, :] ** e[None], axis=2)
         return with_blocks(Factored(jnp.asarray(shapes, jnp.float32), jnp.ones((len(zc), 1), jnp.float32),
-                                    jnp.arange(len(zc), dtype=jnp.int32), jnp.ones((len(e), 1), jnp.float32)))
+                                    jnp.arange(len(zc), dtype=jnp.int32),
+                                    jnp.ones((len(e), 1), jnp.float32)))
     keys = zc.copy()
     keys[:, a] = 1.0                                             # the axis leaves the shape
     uniq, shape_of = unique_rows(keys)
@@ -75,10 +76,10 @@ def with_blocks(f: Factored) -> Factored:
     power = np.asarray(f.onehot).argmax(1)                       # (T,) each term's axis power
     order = np.argsort(power, kind="stable")
     shapes = np.asarray(f.shapes)
+    put = lambda x: jax.device_put(np.ascontiguousarray(x))
     cols = [order[power[order] == j] for j in range(f.onehot.shape[1])]
-    blocks = tuple((jax.device_put(np.ascontiguousarray(shapes[:, c].T)), jax.device_put(np.ascontiguousarray(shapes[:, c])))
-                   for c in cols)
-    return f._replace(blocks=blocks, order=jax.device_put(order.astype(np.int32)))
+    return f._replace(blocks=tuple((put(shapes[:, c].T), put(shapes[:, c])) for c in cols),
+                      order=jax.device_put(order.astype(np.int32)))
 
 
 def padded(f: Factored, rows: int, shapes: int) -> Factored:

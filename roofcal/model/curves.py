@@ -199,7 +199,8 @@ def fit_curves(kind: str, rows, measured, surface) -> Curves:
     points, point = unique_rows(np.stack([inv, x[good]], 1))
     mean = stored(np.bincount(point, weights=r[good]) / np.bincount(point))
     cut = np.searchsorted(points[:, 0], np.arange(len(uniq) + 1))
-    out = {shape_key(key): (points[a:b, 1].copy(), mean[a:b]) for key, a, b in zip(uniq, cut[:-1], cut[1:])}
+    out = {shape_key(key): (points[a:b, 1].copy(), mean[a:b])
+           for key, a, b in zip(uniq, cut[:-1], cut[1:])}
     if kind in ACROSS:
         group = unique_rows(uniq[:, :-1])[1][inv]
         return Curves(out, shrinkage(*leave_one_out_across(x[good], r[good], inv, group,
@@ -464,7 +465,7 @@ def _text(values) -> str:
 
 
 #: the curve lines :func:`to_dict` wrote last, by kind and :class:`Curves` digest (a fit writes
-#: each curve set twice, for its metrics' round trip and for its file: 0.6 s of text a time)
+#: each curve set twice, for its metrics' round trip and for its file: ≈ 0.25 s of text a time)
 _LINES: dict = {}
 LINES_KEPT = 128
 
