@@ -249,6 +249,38 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
     return out
 
 
+#: kinds whose data is padded to one size across kernel sets, so both sets' fits of a kind share
+#: one compiled L-BFGS program (:func:`shared_sizes`): where the sizes are close (GEMM 7,392 and
+#: 10,000 rows, MoE 9,526 and 10,000 rows, 402 and 602 shapes) a program fewer (≈ 1.4 s to compile,
+#: ≈ 0.3 s to trace and load) costs more than the padded rows; attention's 4,366 against 10,000
+#: rows would not pay, and the all-reduces' 55 against 101 rows would send 0.14's eager all-reduce,
+#: bimodal, from its 2.3 % fit on the default split to its 3.8 % one
+SHARED_SIZE_KINDS = ("gemm", "moe")
+
+
+def shared_sizes(data: dict, kinds=SHARED_SIZE_KINDS) -> dict:
+    """``data`` ({key: :class:`KernelData`}) with every kernel of ``kinds`` zero-padded (weight 0)
+    to its kind's largest row count (and shape count) over all keys."""
+    rows, shapes = {}, {}
+    for d in data.values():
+        if d.kind in kinds:
+            rows[d.kind] = max(rows.get(d.kind, 0), int(d.tc.shape[0]))
+            shapes[d.kind] = max(shapes.get(d.kind, 0), 0 if d.fac is None else int(d.fac.shapes.shape[0]))
+    out = {}
+    for k, d in data.items():
+        pad = rows.get(d.kind, 0) - int(d.tc.shape[0])
+        if d.kind not in kinds or (pad == 0 and (d.fac is None or shapes[d.kind] == d.fac.shapes.shape[0])):
+            out[k] = d
+            continue
+        grow = lambda a, v, axis=0: jax.device_put(np.pad(
+            np.asarray(a), [(0, pad) if i == axis else (0, 0) for i in range(np.ndim(a))], constant_values=v))
+        out[k] = replace(d, feats=None if d.feats is None else grow(d.feats, 0.0, axis=1),
+                         rows_first=None if d.rows_first is None else grow(d.rows_first, 0.0),
+                         tc=grow(d.tc, 1.0), tm=grow(d.tm, 1.0), y=grow(d.y, 1.0), train=grow(d.train, 0.0),
+                         fac=None if d.fac is None else S.padded(d.fac, rows[d.kind], shapes[d.kind]))
+    return out
+
+
 def init_op_params(d: KernelData, degree: int) -> dict:
     """A data-informed start: intercepts from the median achieved fraction of peak in the rows
     bound by each resource, latency half the fastest measurement, sharpness 3."""
@@ -642,7 +674,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         p0.update({(unit, k): v for k, v in ops.items()})
         log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
             f"per-op rows fitted in {len(rows)} kernel kinds/variants")
-    fitted_ops = fit_kernels(data, settings, prior=p0, init=p0)    # every set's, side by side
+    fitted_ops = fit_kernels(shared_sizes(data), settings, prior=p0, init=p0)   # side by side
     fits = {}          # unit → {kernel key: raw params}
     for unit in units:
         fits[unit] = {k: v for (u, k), v in fitted_ops.items() if u == unit}

@@ -191,3 +191,26 @@ def test_fit_refuses_rows_of_another_gpu(tmp_path):
     with pytest.raises(RoofcalError, match="rows are for GPU 'a100_sxm', not 'h100_sxm'"):
         from roofcal.measurements import datasets
         datasets.load([src], gpu="h100_sxm")
+
+
+def test_shared_sizes_pad_a_kind_to_one_size_without_changing_its_objective():
+    """``shared_sizes``: both kernel sets' GEMM (and MoE) data grown to the kind's largest row and
+    shape count, so they share one compiled program; the added rows weigh 0, so each kernel's
+    objective is the same (to float rounding) and its training rows are the same."""
+    from roofcal.calibration.fit import SHARED_SIZE_KINDS, shared_sizes
+    data = {}
+    for kset, n in (("vllm-0.14.0", 300), ("vllm-0.24.0", 500)):
+        t = read_ops(f"data/microbench/h100_sxm/{kset}/gemm_perf.parquet")
+        t = t[t.dtype == "bf16"].iloc[:n].reset_index(drop=True)
+        data[kset] = kernel_data(t, H100, np.zeros(len(t), bool), FAST)["gemm/bf16"]
+    assert "gemm" in SHARED_SIZE_KINDS and "allreduce" not in SHARED_SIZE_KINDS
+    grown = shared_sizes(data)
+    assert grown["vllm-0.24.0"] is data["vllm-0.24.0"]                # already the largest
+    small, big = data["vllm-0.14.0"], grown["vllm-0.14.0"]
+    assert big.tc.shape == (500,) and big.feats.shape == (small.feats.shape[0], 500)
+    assert float(np.asarray(big.train).sum()) == float(np.asarray(small.train).sum()) == 300.0
+    p, c = init_op_params(small, 4), default_prior("gemm", 4, small)
+    mask = jnp.ones(p["eff_c"].shape)
+    value = lambda d: float(d.objective()[0](p, (d.objective()[1], d.tc, d.tm, d.y, d.train, c,
+                                                   prior_strengths(c, FAST, 300.0), mask)))
+    assert value(big) == pytest.approx(value(small), rel=1e-5)
