@@ -237,16 +237,26 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
         shapes[op] = max(shapes.get(op, 0), 0 if fac is None else int(fac.shapes.shape[0]))
     out = {}
     for op, dt, idx, tc, tm, train, lo, hi, f, fac in prepared:
-        pad = rows[op] - len(idx)
-        def grow(a, v, t=False):   # padded (and transposed) on the host, put once: no XLA program
-            a = np.pad(np.asarray(a, np.float32), [(0, pad)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=v)
-            return jax.device_put(np.ascontiguousarray(a.T) if t else a)
-        out[K.op_key(op, dt)] = KernelData(
-            op, None if f is None else grow(f, 0.0, t=True), grow(tc, 1.0), grow(tm, 1.0),
-            grow(table["latency_us"].values[idx], 1.0), grow(train.astype(np.float32), 0.0),
-            lo, hi, idx, None if fac is None else S.padded(fac, rows[op], shapes[op]),
-            None if f is None or rows[op] < ROWS_FIRST_FROM else grow(f, 0.0))
+        f = None if f is None else np.asarray(f)              # on the host: no XLA program
+        out[K.op_key(op, dt)] = grown(KernelData(
+            op, None if f is None else f.T, tc, tm, table["latency_us"].values[idx], train, lo, hi, idx,
+            fac, None if f is None or rows[op] < ROWS_FIRST_FROM else f), rows[op], shapes[op])
     return out
+
+
+def grown(d: KernelData, rows: int, shapes: int) -> KernelData:
+    """``d`` zero-padded (weight 0) to ``rows`` rows and, factored, ``shapes`` shapes: padded on
+    the host and put on the device once (no XLA program per array)."""
+    pad = rows - int(np.shape(d.tc)[0])
+
+    def grow(a, v, axis=0):
+        a = np.asarray(a, np.float32)
+        return jax.device_put(np.pad(a, [(0, pad) if i == axis else (0, 0) for i in range(a.ndim)],
+                                     constant_values=v))
+    return replace(d, feats=None if d.feats is None else grow(d.feats, 0.0, axis=1),
+                   rows_first=None if d.rows_first is None else grow(d.rows_first, 0.0),
+                   tc=grow(d.tc, 1.0), tm=grow(d.tm, 1.0), y=grow(d.y, 1.0), train=grow(d.train, 0.0),
+                   fac=None if d.fac is None else S.padded(d.fac, rows, shapes))
 
 
 #: kinds whose data is padded to one size across kernel sets, so both sets' fits of a kind share
@@ -266,19 +276,10 @@ def shared_sizes(data: dict, kinds=SHARED_SIZE_KINDS) -> dict:
         if d.kind in kinds:
             rows[d.kind] = max(rows.get(d.kind, 0), int(d.tc.shape[0]))
             shapes[d.kind] = max(shapes.get(d.kind, 0), 0 if d.fac is None else int(d.fac.shapes.shape[0]))
-    out = {}
-    for k, d in data.items():
-        pad = rows.get(d.kind, 0) - int(d.tc.shape[0])
-        if d.kind not in kinds or (pad == 0 and (d.fac is None or shapes[d.kind] == d.fac.shapes.shape[0])):
-            out[k] = d
-            continue
-        grow = lambda a, v, axis=0: jax.device_put(np.pad(
-            np.asarray(a), [(0, pad) if i == axis else (0, 0) for i in range(np.ndim(a))], constant_values=v))
-        out[k] = replace(d, feats=None if d.feats is None else grow(d.feats, 0.0, axis=1),
-                         rows_first=None if d.rows_first is None else grow(d.rows_first, 0.0),
-                         tc=grow(d.tc, 1.0), tm=grow(d.tm, 1.0), y=grow(d.y, 1.0), train=grow(d.train, 0.0),
-                         fac=None if d.fac is None else S.padded(d.fac, rows[d.kind], shapes[d.kind]))
-    return out
+    same = lambda d: int(d.tc.shape[0]) == rows[d.kind] and \
+        (d.fac is None or int(d.fac.shapes.shape[0]) == shapes[d.kind])
+    return {k: d if d.kind not in kinds or same(d) else grown(d, rows[d.kind], shapes[d.kind])
+            for k, d in data.items()}
 
 
 def init_op_params(d: KernelData, degree: int) -> dict:
