@@ -1,10 +1,9 @@
-import os
+# JAX set up as every roofcal command sets it (on the CPU, XLA's flags as the commands' own, so
+# that the tests and the commands they run share compiled programs), and compiled programs kept
+# on disk as every command keeps them (ROOFCAL_CACHE; "off": none), before JAX is imported: a
+# process whose first program compiles without the cache never reads it afterwards, so the tests
+# compiled most programs afresh in every worker
+from roofcal.cli.main import enable_compilation_cache, jax_defaults
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-# compiled programs kept on disk as every roofcal command keeps them (ROOFCAL_CACHE; "off": none),
-# set before JAX is imported: a process whose first program compiles without the cache never
-# reads it afterwards, so the tests compiled most programs afresh in every worker
-from roofcal.cli.main import enable_compilation_cache  # noqa: E402
-
+jax_defaults()
 enable_compilation_cache()

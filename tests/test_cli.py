@@ -42,3 +42,36 @@ def test_the_default_is_the_value_used():
     assert "vLLM's share of GPU memory (default: 0.9)" in " ".join(cap.format_help().split())
     a = p.parse_args(["capacity", "--model", "m", "--gpu", "g", "--tp", "1"])
     assert a.gpu_memory_utilization == 0.9
+
+
+def test_jax_runs_on_the_cpu_and_reproducibly_unless_told_otherwise():
+    """The command line puts JAX on the CPU (on an H200 machine the fit took twice as long on its
+    GPU) and asks XLA for deterministic GPU programs (two GPU fits wrote different files without),
+    unless ``$JAX_PLATFORMS`` / ``$XLA_FLAGS`` say otherwise; JAX imported after ``main`` starts
+    takes both."""
+    import os
+    import subprocess
+    import sys
+
+    from roofcal.cli.main import jax_defaults
+    env = {}
+    jax_defaults(env)
+    assert env == {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_gpu_deterministic_ops=true"}
+    env = {"JAX_PLATFORMS": "cuda", "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    jax_defaults(env)
+    assert env == {"JAX_PLATFORMS": "cuda",
+                   "XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops=true"}
+    env = {"XLA_FLAGS": "--xla_gpu_deterministic_ops=false"}
+    jax_defaults(env)
+    assert env["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
+
+    code = ("from roofcal.cli.main import main\n"
+            "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+            "import os, jax\nprint(jax.config.jax_platforms, os.environ['XLA_FLAGS'])")
+    for given, used in ((None, "cpu"), ("cpu,cuda", "cpu,cuda")):
+        env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+        if given is not None:
+            env["JAX_PLATFORMS"] = given
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert out[-2:] == [used, "--xla_gpu_deterministic_ops=true"]

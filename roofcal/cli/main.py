@@ -139,7 +139,30 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def jax_defaults(environ=None) -> None:
+    """Run JAX on the CPU unless ``$JAX_PLATFORMS`` names a backend (``JAX_PLATFORMS=cuda``: the
+    GPU), and XLA's GPU programs bit-reproducible unless ``$XLA_FLAGS`` says otherwise.
+
+    roofcal's programs are chains of small steps (an L-BFGS iteration is ≈ 0.3 ms of work), which a
+    GPU runs no faster than its host: on an H200 machine with 16 cores ``roofcal fit`` took 39–41 s
+    warm and 78 s cold on the GPU, 20–21 s and 27 s on the CPU. There, two GPU fits of one input
+    wrote different files; with ``--xla_gpu_deterministic_ops=true`` they wrote the same (and took
+    32 s warm, 57 s cold). The CPU ignores that flag (same bytes). Measured: docs/limits.md, "Fit
+    speed". JAX reads both variables when it starts, so :func:`main` sets them only in a process
+    that has not imported JAX yet.
+
+    ``environ``: the mapping to set (default ``os.environ``)."""
+    import os
+    env = os.environ if environ is None else environ
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    flags = env.get("XLA_FLAGS", "")
+    if "xla_gpu_deterministic_ops" not in flags:
+        env["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
+
+
 def main(argv=None) -> int:
+    if "jax" not in sys.modules:
+        jax_defaults()
     enable_compilation_cache()
     warnings.showwarning = _show_warning
     parser = build_parser()
