@@ -36,7 +36,8 @@ from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.metrics import error_summary
 from roofcal.model import curves
-from roofcal.model.predict import padded_size, row_times
+from roofcal.model.combine import padded, padded_size
+from roofcal.model.predict import row_times
 
 KERNEL, STEP = "kernel", "step"
 #: components of a kernel row, in order
@@ -222,14 +223,7 @@ def _step_frame(d, comps: dict, work_us, bound) -> pd.DataFrame:
 def pad_batch(b):
     """A StepBatch padded with empty steps to :func:`padded_size` rows and power-of-two widths
     (so compiled programs are reused); per-step results of the real rows are unchanged."""
-    from roofcal.physics.steps import StepBatch
-    S = b.prefill_new.shape[0]
-    rows = padded_size(S) - S
-    width = lambda w: 1 << max(0, int(w - 1).bit_length())
-    P, D = width(b.prefill_new.shape[1]), width(b.decode_ctx.shape[1])
-    pad = lambda a, w: np.pad(np.asarray(a, np.float32), ((0, rows), (0, w - a.shape[1])))
-    return StepBatch(pad(b.prefill_new, P), pad(b.prefill_cached, P), pad(b.prefill_mask, P),
-                     pad(b.decode_ctx, D), pad(b.decode_mask, D))
+    return padded(b, 256, 1, 1)
 
 
 def step_residuals(steps: list, params: dict) -> pd.DataFrame:
@@ -238,8 +232,7 @@ def step_residuals(steps: list, params: dict) -> pd.DataFrame:
     frames = []
     for d in steps:
         gpu = load_gpu(d.gpu)
-        out = step_breakdown(params, d.model, gpu, d.tp, pad_batch(d.batch))
-        out = {k: np.asarray(v)[: len(d)] for k, v in out.items()}
+        out = {k: np.asarray(v) for k, v in step_breakdown(params, d.model, gpu, d.tp, d.batch).items()}
         comps = {k: v for k, v in out.items() if k not in NON_COMPONENT}
         tc = np.asarray(out["ideal_compute"], np.float64)
         tm = np.asarray(out["ideal_memory"], np.float64)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roofcal.model.combine import at_compute_scale, step_breakdown
+from roofcal.model.combine import at_compute_scale, padded, step_breakdown
 from roofcal.physics import power as P
 
 #: fixed-point passes of :func:`operating_point` (re-linearising the cycle around the last scale)
@@ -88,13 +88,16 @@ def power_of(coeffs, gpu) -> P.PowerModel | None:
 
 def step_terms(params: dict, model, gpu, tp: int, batch, scale: float = 1.0) -> dict:
     """Per step at compute scale ``scale``: ``total`` (µs), its sensitivity ``sens`` = dT/ds (µs
-    per unit of scale), ``ideal_compute`` and ``ideal_memory`` (µs). Arrays of shape (S,)."""
-    return _step_terms(params, model, gpu, tp, batch, np.float32(scale))
+    per unit of scale), ``ideal_compute`` and ``ideal_memory`` (µs). Arrays of shape (S,),
+    computed :func:`~roofcal.model.combine.padded` as :func:`~roofcal.model.combine.step_breakdown`
+    is."""
+    out = _step_terms(params, model, gpu, tp, padded(batch), np.float32(scale))
+    return {k: v[:batch.num_steps] for k, v in out.items()}
 
 
 @partial(jax.jit, static_argnames=("model", "gpu", "tp"))
 def _step_terms(params: dict, model, gpu, tp: int, batch, scale) -> dict:
-    """:func:`step_terms` as one compiled program (traced once per deployment and batch shape;
+    """:func:`step_terms` as one compiled program (traced once per deployment and padded batch size;
     a ``jvp`` outside ``jit`` traced the whole step again at every call)."""
     f = lambda s: step_breakdown(at_compute_scale(params, s), model, gpu, tp, batch)
     out, tangent = jax.jvp(f, (scale,), (jnp.float32(1.0),))

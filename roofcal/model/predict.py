@@ -19,7 +19,7 @@ from roofcal.model import correction as K
 from roofcal.model import curves as measured_curves
 from roofcal.model import domain
 from roofcal.model import intervals
-from roofcal.model.combine import NON_COMPONENT, gpu_side, op_peak_and_bandwidth, step_breakdown
+from roofcal.model.combine import NON_COMPONENT, gpu_side, op_peak_and_bandwidth, padded_size, step_breakdown
 from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
 from roofcal.physics.config import check_tp, load_model
@@ -179,13 +179,6 @@ def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float, max_expe
     w = row_work(op, dtype, cols, max_experts)
     tc, tm = C.ideal_times(w, peak, bw)
     return tc, tm, K.standardize(op, w.shape)
-
-
-def padded_size(n: int, minimum: int = 256) -> int:
-    """Row count rounded up to one of a few sizes (≤ 12.5 % padding, ≥ ``minimum``), so compiled
-    programs are reused across tables of similar size."""
-    step = max(minimum, 1 << max(0, int(n).bit_length() - 3))
-    return -(-max(n, 1) // step) * step
 
 
 def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarray):

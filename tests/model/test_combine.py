@@ -1,0 +1,44 @@
+"""Step batches are computed padded (roofcal.model.combine.padded): batches of similar size share
+one compiled program, and each real step keeps its value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from roofcal.model import coeffs as C
+from roofcal.model.combine import _step_breakdown, padded, step_breakdown
+from roofcal.physics.config import load_model
+from roofcal.physics.hardware import load_gpu
+from roofcal.physics.steps import Step, batch_steps
+
+COEFFS = Path(__file__).resolve().parents[2] / "coeffs" / "h100_sxm.yaml"
+STEPS = [Step(prefill=((2048, 0),)), Step(decode=(1024,) * 16), Step(prefill=((500, 1500),), decode=(900,) * 8)]
+
+
+def test_padding_appends_empty_steps_and_slots():
+    a = batch_steps(STEPS)                                   # 3 steps, 1 prefill slot, 16 decode slots
+    p = padded(a)
+    assert p.prefill_new.shape == (512, 8) and p.decode_ctx.shape == (512, 128)
+    assert np.array_equal(p.decode_ctx[:3, :16], a.decode_ctx)
+    assert np.array_equal(p.prefill_cached[:3, :1], a.prefill_cached)
+    assert not p.decode_mask[3:].any() and not p.decode_mask[:, 16:].any() and not p.prefill_new[3:].any()
+    # 1,326 steps (an export's largest grid): steps of 512 up to 4,096 -> 1,536; 9 slots -> 16
+    big = padded(batch_steps(STEPS * 442, pad_prefill=9))
+    assert big.prefill_new.shape == (1536, 16) and big.decode_ctx.shape == (1536, 128)
+
+
+def test_batches_of_similar_size_share_one_program_and_keep_their_values():
+    c = C.resolve_stack(C.load(COEFFS), None, required=True)
+    spec, gpu = load_model("llama-2-7b-hf"), load_gpu("h100_sxm")
+    a, b = batch_steps(STEPS), batch_steps(STEPS * 5, pad_decode=100)   # (3, 1, 16), (15, 1, 100)
+    before = _step_breakdown._cache_size()
+    ta = np.asarray(step_breakdown(c.params, spec, gpu, 1, a)["total"])
+    tb = np.asarray(step_breakdown(c.params, spec, gpu, 1, b)["total"])
+    assert _step_breakdown._cache_size() - before <= 1       # one (512, 8, 128) program, not two
+    assert ta.shape == (3,) and tb.shape == (15,)
+    alone = np.asarray(_step_breakdown(c.params, spec, gpu, 1, a)["total"])
+    np.testing.assert_allclose(ta, alone, rtol=1e-6)
+    np.testing.assert_allclose(tb, np.tile(alone, 5), rtol=1e-6)
+    assert 2000 < ta[0] < 100_000                            # a 2,048-token prefill of a 7B: ms, not µs or s
