@@ -25,7 +25,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv,noh
 echo "cores: $(nproc)"
 python3 -c "import jax, optax; print('jax', jax.__version__, 'optax', optax.__version__, jax.devices())"
 
-gpu() { ROOFCAL_CACHE=/tmp/cache_gpu "$@"; }
+# roofcal runs JAX on the CPU unless told otherwise, and asks for deterministic GPU programs
+# (cli.main.jax_defaults); the first measurement (docs/limits.md) was taken before that, as with
+# XLA_FLAGS=--xla_gpu_deterministic_ops=false
+gpu() { JAX_PLATFORMS=cuda ROOFCAL_CACHE=/tmp/cache_gpu "$@"; }
 cpu() { JAX_PLATFORMS=cpu ROOFCAL_CACHE=/tmp/cache_cpu "$@"; }
 two() { JAX_PLATFORMS=cpu ROOFCAL_CACHE=/tmp/cache_cpu taskset -c 0,1 "$@"; }
 

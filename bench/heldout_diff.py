@@ -10,7 +10,8 @@ import yaml
 
 def heldout(path: str) -> dict[str, float]:
     """{'<kernel set> <kind>' or '<kind>': held-out MAPE in %} of one coefficient file."""
-    doc = yaml.safe_load(open(path))
+    with open(path, encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
     out = {k: v["mape"] for k, v in (doc.get("metrics") or {}).get("heldout", {}).items()}
     for name, ks in (doc.get("kernel_sets") or {}).items():
         for k, v in (ks.get("metrics") or {}).get("heldout", {}).items():
