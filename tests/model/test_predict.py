@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -207,3 +208,23 @@ def test_ideal_times_once_per_table_match_row_times():
     from roofcal.errors import RoofcalError
     with pytest.raises(RoofcalError, match="rows are for GPU 'a100_sxm'"):
         ideal_times(load_gpu("h100_sxm"), rows.assign(source="t.csv"))
+
+
+def test_step_files_of_one_deployment_share_a_program_and_keep_their_values():
+    """`predict` computes a batch padded (``step_arrays``): step files of 2 and 7 steps, with 1 and
+    6 decode slots, compile one program between them, and give the values of the batch as given
+    up to float32 rounding of sums over slots."""
+    from roofcal.model import coeffs as C
+    from roofcal.model.predict import step_arrays, step_outputs
+    c = C.resolve_stack(C.load("coeffs/h100_sxm.yaml"), None, required=True)
+    short = [Step(prefill=((2048, 0),)), Step(decode=(512,))]
+    long = short * 3 + [Step(prefill=((512, 1536),), decode=(100, 2000, 3000, 10, 20, 30))]
+    before = step_outputs._cache_size()
+    a = step_arrays(c, L70, H100, 4, batch_steps(short))[0]["total"]
+    b = step_arrays(c, L70, H100, 4, batch_steps(long))[0]["total"]
+    assert step_outputs._cache_size() - before <= 1
+    assert a.shape == (2,) and b.shape == (7,)
+    as_given = np.asarray(step_outputs(c.params, L70, H100, 4, batch_steps(long))[0]["total"])
+    np.testing.assert_allclose(b, as_given, rtol=1e-6)
+    np.testing.assert_allclose(b[:2], a, rtol=1e-6)
+    assert 1_000 < a[1] < 100_000          # one decode token of a 70B at TP 4: ms
