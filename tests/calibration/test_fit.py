@@ -44,7 +44,7 @@ def test_objective_and_gradient_finite_on_every_bundled_table(gpu):
         mask = jnp.ones(p["eff_c"].shape)
         objective, feats = d.objective()
         args = (feats, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, FAST, 100.0), mask)
-        value, grad = jax.value_and_grad(objective)(p, args)
+        value, grad = jax.jit(jax.value_and_grad(objective))(p, args)
         assert np.isfinite(float(value)), key
         assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grad)), key
 
