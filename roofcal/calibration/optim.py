@@ -15,6 +15,7 @@ from functools import partial
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -79,7 +80,11 @@ def _lbfgs_block(loss_fn, params, state, data, length):
         return (optax.apply_updates(p, upd), s), value
 
     (params, state), values = jax.lax.scan(one, (params, state), None, length=length)
-    return params, state, loss_fn(params, data)
+    # the loss at the returned params, as the last line search found it (no evaluation more:
+    # the program holds one copy of the objective fewer); a search that found no finite value
+    # kept the params (step 0), whose loss began the last iteration
+    search = optax.tree.get(state, "learning_rate"), optax.tree.get(state, "value")
+    return params, state, jnp.where(search[0] == 0.0, values[-1], search[1])
 
 
 def _strong(tree):
