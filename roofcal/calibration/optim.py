@@ -83,8 +83,8 @@ def _lbfgs_block(loss_fn, params, state, data, length):
     # the loss at the returned params, as the last line search found it (no evaluation more:
     # the program holds one copy of the objective fewer); a search that found no finite value
     # kept the params (step 0), whose loss began the last iteration
-    search = optax.tree.get(state, "learning_rate"), optax.tree.get(state, "value")
-    return params, state, jnp.where(search[0] == 0.0, values[-1], search[1])
+    step, found = optax.tree.get(state, "learning_rate"), optax.tree.get(state, "value")
+    return params, state, jnp.where(step == 0.0, values[-1], found)
 
 
 def _strong(tree):
