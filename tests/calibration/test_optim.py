@@ -42,5 +42,39 @@ def test_an_lbfgs_block_holds_the_objective_twice():
         traced.append(1)
         return _bowl(p, data)
     p = {"x": jnp.asarray([0.0, 0.0], jnp.float32)}
-    optim._lbfgs_block.lower(counted, p, optim._lbfgs_init(p), (), 5)
+    optim._lbfgs_block.lower(counted, p, optim._lbfgs_init(p), jnp.zeros((), jnp.int32), (), 5)
     assert len(traced) == 2
+
+
+def _floor(p, data):
+    """1 + Σ wᵢ·rᵢ² + 0.1·rᵢ⁴, r = x − (0.3, −0.7, 1.1): float32 cannot tell the loss from 1
+    once the sum is below ≈ 6e-8, while the gradient still points somewhere."""
+    r = p["x"] - jnp.asarray([0.3, -0.7, 1.1])
+    return 1.0 + jnp.sum(jnp.asarray([1.0, 3.0, 0.5]) * r ** 2 + 0.1 * r ** 4)
+
+
+def test_lbfgs_stops_where_float32_sees_no_more_decrease():
+    """Converged to float32 resolution every line search fails (each of its 31 trials costs an
+    evaluation): two failures in a row end the run inside its block, not 400 iterations later."""
+    p = {"x": jnp.zeros(3, jnp.float32)}
+    state, fails = optim._lbfgs_init(p), jnp.zeros((), jnp.int32)
+    q, state, fails, value, its = optim._lbfgs_block(_floor, p, state, fails, (), 400)
+    assert int(fails) == optim.FAILED_SEARCHES
+    assert int(its) < 40
+    np.testing.assert_allclose(np.asarray(q["x"]), [0.3, -0.7, 1.1], atol=1e-3)
+    assert value == np.float32(1.0)
+    q2, value2 = optim.lbfgs(_floor, p, (), 400, chunks=8)       # the run ends with it
+    np.testing.assert_array_equal(np.asarray(q2["x"]), np.asarray(q["x"]))
+
+
+def test_one_failed_search_does_not_end_the_run():
+    """10⁴·|x − ½|² from 10⁻⁴ beside its minimum: the first step (the gradient scaled to length
+    1, as optax starts) overshoots even after 30 cuts to 0.8³⁰ ≈ 1.2e-3 and is taken anyway; the
+    next iteration has the curvature and lands on the minimum. One failure alone must not end
+    the run (with FAILED_SEARCHES = 1 it stops at 0.4992)."""
+    def stiff(p, data):
+        return 1e4 * jnp.sum((p["x"] - 0.5) ** 2)
+    p = {"x": jnp.asarray([0.5001, 0.5001], jnp.float32)}
+    q, value = optim.lbfgs(stiff, p, (), 20, chunks=2)
+    np.testing.assert_allclose(np.asarray(q["x"]), [0.5, 0.5], atol=1e-6)
+    assert value < 1e-8
