@@ -41,7 +41,8 @@ from roofcal.measurements.ops import kernel_set_order
 from roofcal.physics.hardware import GPUSpec
 from roofcal.calibration.loss import prior_penalty
 from roofcal.metrics import error_summary, log_ratio_sq, split_groups
-from roofcal.model.combine import NON_COMPONENT, overhead_counts, step_breakdown
+from roofcal.model.combine import (NON_COMPONENT, combine, combined, kernel_breakdown,
+                                   overhead_counts, step_breakdown)
 from roofcal.physics.kernels import groups
 from roofcal.model.predict import IdealTimes, ideal_times, predict_table
 from roofcal.calibration.optim import lbfgs, minimize
@@ -478,15 +479,16 @@ def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec,
 # --------------------------------------------------------------------------------------------
 # stage 2: steps
 
-def _overhead_init(datasets: list, params: dict, masks: list, target: str) -> np.ndarray:
+def _overhead_init(datasets: list, parts: list, step: dict, masks: list, target: str) -> np.ndarray:
     """Start: non-negative least squares of the relative residual (measured − kernels)/measured
     on the overhead counts, over every measurement of the target (CPU overheads only where the
-    target sees them)."""
+    target sees them); ``parts``: each dataset's :func:`kernel_breakdown`, ``step`` the
+    step level the kernels are combined at (neutral)."""
     from scipy.optimize import nnls
     from roofcal.model.combine import CPU_MASK
     rows, rhs = [], []
-    for d, m in zip(datasets, masks):
-        out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
+    for d, part, m in zip(datasets, parts, masks):
+        out = combined(step, d.model, d.tp, *part)
         kern = np.asarray(out["total"]) - np.asarray(out["overhead"])
         counts = overhead_counts(d.model, d.tp, step_totals(d.batch))
         for field_name, what in STEP_TARGETS[target]:
@@ -520,7 +522,8 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
     masks = [[m & np.isfinite(measured(d, f)) for f, _ in terms] for d, m in zip(datasets, train_masks)]
     if not datasets or not any(w.any() for ws in masks for w in ws):
         return params
-    o = _overhead_init(datasets, params, train_masks, target)
+    parts = [kernel_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch) for d in datasets]
+    o = _overhead_init(datasets, parts, params["step"], train_masks, target)
     params["step"]["overheads"] = jnp.asarray(np.log(o), jnp.float32)
     params["step"]["mix"] = jnp.asarray(K.softplus_inv(1e-3), jnp.float32)
     if any(f == "cycle_us" for f, _ in terms):          # cycle times see the CPU–GPU overlap
@@ -547,8 +550,10 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
         ops = attach(x["ops"]) if free_kernels else kernel_params
         ps = {"ops": ops, "step": x["step"]}
         total, count = 0.0, 0.0
-        for d, ys, g in sets:
-            out = step_breakdown(ps, d.model, g, d.tp, d.batch)
+        for (d, ys, g), part in zip(sets, data):
+            # kernels held: their times are data, the program holds the step level alone
+            out = step_breakdown(ps, d.model, g, d.tp, d.batch) if free_kernels else \
+                combine(x["step"], d.model, d.tp, *part)
             for what, w, y in ys:
                 total = total + log_ratio_sq(predicted(out, what), y, w) * jnp.sum(w)
                 count = count + jnp.sum(w)
@@ -558,7 +563,7 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
         return total / count + reg
 
     x = {"step": params["step"], **({"ops": surfaces} if free_kernels else {})}
-    x, _ = minimize(loss, x, (), settings.step_iters, settings.lr, desc="steps",
+    x, _ = minimize(loss, x, tuple(parts), settings.step_iters, settings.lr, desc="steps",
                     progress=settings.progress)
     return {"ops": attach(x["ops"]) if free_kernels else kernel_params, "step": x["step"]}
 
@@ -587,7 +592,8 @@ def step_predictions(datasets: list, params: dict) -> pd.DataFrame:
     component (µs)."""
     frames = []
     for d in datasets:
-        out = step_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch)
+        out = combined(params["step"], d.model, d.tp,
+                       *kernel_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch))
         df = d.describe()
         df["predicted_us"] = np.asarray(out["total"], np.float64)
         df["predicted_gpu_us"] = np.asarray(predicted(out, "gpu"), np.float64)

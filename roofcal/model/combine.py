@@ -115,6 +115,11 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
     return out
 
 
+#: :func:`combine` compiled: one program per (model, TP) and step count, where a step level is
+#: computed outside a trace (a fit's start and metrics; :func:`kernel_breakdown`)
+combined = jax.jit(combine, static_argnames=("model", "tp"))
+
+
 def gpu_side(out: dict):
     """The GPU side of a :func:`combine` / :func:`step_breakdown` output (µs): the step less its
     CPU work and the overlap that hides part of it — kernels × in-step scales, launch gaps,
@@ -193,6 +198,26 @@ def _step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch
     out["flops"] = sum(c.count * c.work.flops for c in calls.values())
     out["bytes"] = sum(c.count * c.work.bytes for c in calls.values())
     return out
+
+
+def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
+    """(step totals, {kernel call: µs per step}) of ``batch``: what :func:`combine` takes, the
+    kernels before the step level (scales, attention mix, overheads, overlap). For a fit of the
+    step level alone, whose kernels do not move: ``combine(params["step"], model, tp, *parts)``
+    (or :data:`combined`) is then the step's breakdown (:func:`step_breakdown`'s components, ``total`` and ``cpu``) at
+    any step-level parameters, without the kernels in its program. Arrays of shape (S,); computed
+    :func:`padded`, as :func:`step_breakdown` is, and only ``params``' kernel entries are read."""
+    kernels = {k: v for k, v in params.items() if k != "step"}
+    t, times = _kernel_breakdown(kernels, model, gpu, tp, padded(batch))
+    return jax.tree_util.tree_map(lambda v: v[:batch.num_steps], (t, times))
+
+
+@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
+    """:func:`kernel_breakdown` of ``batch`` as given."""
+    t = step_totals(batch, jnp)
+    calls = step_ops(model, tp, t)
+    return t, kernel_times(params, calls, ideal_step_times(gpu, calls))
 
 
 def step_time(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from roofcal.model import coeffs as C
-from roofcal.model.combine import _step_breakdown, padded, step_breakdown
+from roofcal.model.combine import (NON_COMPONENT, _step_breakdown, combined, kernel_breakdown, padded,
+                                   step_breakdown)
 from roofcal.physics.config import load_model
 from roofcal.physics.hardware import load_gpu
 from roofcal.physics.steps import Step, batch_steps
@@ -42,3 +43,23 @@ def test_batches_of_similar_size_share_one_program_and_keep_their_values():
     np.testing.assert_allclose(ta, alone, rtol=1e-6)
     np.testing.assert_allclose(tb, np.tile(alone, 5), rtol=1e-6)
     assert 2000 < ta[0] < 100_000                            # a 2,048-token prefill of a 7B: ms, not µs or s
+
+
+def test_kernels_apart_from_the_step_level_give_the_same_breakdown():
+    """What a fit of the step level alone computes: the kernels' times once
+    (``kernel_breakdown``), then the step level on them (``combined``) — the same components and
+    total as ``step_breakdown``, at this stack's overheads, scales and attention mix."""
+    c = C.resolve_stack(C.load(COEFFS), None, required=True)
+    spec, gpu = load_model("llama-2-7b-hf"), load_gpu("h100_sxm")
+    a = batch_steps(STEPS)
+    t, kernels = kernel_breakdown(c.params, spec, gpu, 1, a)
+    assert np.asarray(t.tokens).tolist() == [2048, 16, 508]           # new tokens + decodes
+    assert set(kernels) and all(np.shape(v) == (3,) for v in kernels.values())
+    split = combined(c.params["step"], spec, 1, t, kernels)
+    whole = step_breakdown(c.params, spec, gpu, 1, a)
+    for k in set(whole) - set(NON_COMPONENT) | {"total", "cpu"}:
+        np.testing.assert_allclose(np.asarray(split[k]), np.asarray(whole[k]), rtol=1e-6, err_msg=k)
+    # the step level moved: the kernels' times are unchanged, the total follows
+    step = {**c.params["step"], "scales": c.params["step"]["scales"] + 0.1}
+    moved = combined(step, spec, 1, t, kernels)
+    assert np.all(np.asarray(moved["total"]) > np.asarray(split["total"]))
