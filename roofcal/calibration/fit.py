@@ -511,8 +511,10 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
     """Stage 2: step-level overheads, kernel-group scales and the prefill–decode mix (and, when
     cycle times are fitted, the CPU–GPU overlap), on ``settings.step_target``.
 
-    Kernel corrections stay as fitted on per-op data (``settings.finetune`` = 0), or move with
-    a prior of ``finetune`` pseudo-rows holding them to stage 1. Scales have a prior at 1.
+    Kernel corrections stay as fitted on per-op data (``settings.finetune`` = 0; their times
+    are then computed once, :func:`~roofcal.model.combine.kernel_breakdown`, and Adam's program
+    holds the step level alone), or move with a prior of ``finetune`` pseudo-rows holding them to
+    stage 1. Scales have a prior at 1.
     """
     target = settings.step_target
     if target not in STEP_TARGETS:

@@ -204,9 +204,10 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
     """(step totals, {kernel call: µs per step}) of ``batch``: what :func:`combine` takes, the
     kernels before the step level (scales, attention mix, overheads, overlap). For a fit of the
     step level alone, whose kernels do not move: ``combine(params["step"], model, tp, *parts)``
-    (or :data:`combined`) is then the step's breakdown (:func:`step_breakdown`'s components, ``total`` and ``cpu``) at
-    any step-level parameters, without the kernels in its program. Arrays of shape (S,); computed
-    :func:`padded`, as :func:`step_breakdown` is, and only ``params``' kernel entries are read."""
+    (or :data:`combined`) is then :func:`step_breakdown`'s components, ``total`` and ``cpu`` at
+    any step-level parameters, without the kernels in its program. Arrays of shape (S,),
+    computed :func:`padded` as :func:`step_breakdown` is; only ``params``' kernel entries are
+    read."""
     kernels = {k: v for k, v in params.items() if k != "step"}
     t, times = _kernel_breakdown(kernels, model, gpu, tp, padded(batch))
     return jax.tree_util.tree_map(lambda v: v[:batch.num_steps], (t, times))

@@ -63,7 +63,7 @@ def test_lbfgs_stops_where_float32_sees_no_more_decrease():
     assert int(its) < 40
     np.testing.assert_allclose(np.asarray(q["x"]), [0.3, -0.7, 1.1], atol=1e-3)
     assert value == np.float32(1.0)
-    q2, value2 = optim.lbfgs(_floor, p, (), 400, chunks=8)       # the run ends with it
+    q2, _ = optim.lbfgs(_floor, p, (), 400, chunks=8)            # the run ends with it
     np.testing.assert_array_equal(np.asarray(q2["x"]), np.asarray(q["x"]))
 
 
