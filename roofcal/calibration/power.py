@@ -86,7 +86,7 @@ class PowerFit:
 def phase_models(meas, params: dict, gpu) -> list[PhaseModel]:
     """:class:`PhaseModel` of every phase of ``meas`` (a :class:`~roofcal.measurements.sustained.
     Sustained`), priced by the kernel corrections ``params`` (bf16 GEMMs) on ``gpu``."""
-    from roofcal.model.predict import ideal_times, predict_table
+    from roofcal.model.predict import IdealTimes, ideal_times, predict_table
     burst = pd.read_csv(meas.burst)
     if "mode" in burst.columns:
         burst = burst[burst["mode"] == "cold"]
@@ -99,8 +99,14 @@ def phase_models(meas, params: dict, gpu) -> list[PhaseModel]:
     df = pd.DataFrame(rows)
     ideal = ideal_times(gpu, df)                                            # once, for the grid
     base = predict_table(df, params, gpu, ideal=ideal)
-    grid = np.stack([predict_table(df, params, gpu, compute_scale=float(s), ideal=ideal)["predicted_us"].to_numpy()
-                     for s in SCALE_GRID])                                  # (scales, rows)
+    # the grid in one table: the rows once per scale, their compute time that much longer (as
+    # predict_table's compute_scale does it, float32 × the scale)
+    k = len(SCALE_GRID)
+    stacked = pd.concat([df] * k, ignore_index=True)
+    scaled = IdealTimes(np.concatenate([ideal.tc * float(s) for s in SCALE_GRID]),
+                        np.tile(ideal.tm, k), np.tile(ideal.z, (k, 1)))
+    grid = predict_table(stacked, params, gpu, ideal=scaled)["predicted_us"].to_numpy() \
+        .reshape(k, len(df))                                                # (scales, rows)
     # the burst step: the table's row where measured, else the model × the shape's table/model
     # ratio at its nearest measured token count
     table = {(int(r.m), int(r.n), int(r.k)): float(r.latency_us) for r in burst.itertuples()}
