@@ -142,8 +142,8 @@ PAD_STEPS, PAD_PREFILL, PAD_DECODE = 512, 8, 128
 
 
 def padded_size(n: int, minimum: int = 256) -> int:
-    """Row count rounded up to one of a few sizes (≤ 12.5 % padding, ≥ ``minimum``), so compiled
-    programs are reused across tables of similar size."""
+    """Row count rounded up to one of a few sizes (≤ 25 % padding — 65,537 → 81,920 — and
+    ≥ ``minimum``), so compiled programs are reused across tables of similar size."""
     step = max(minimum, 1 << max(0, int(n).bit_length() - 3))
     return -(-max(n, 1) // step) * step
 

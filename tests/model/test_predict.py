@@ -228,3 +228,35 @@ def test_step_files_of_one_deployment_share_a_program_and_keep_their_values():
     np.testing.assert_allclose(b, as_given, rtol=1e-6)
     np.testing.assert_allclose(b[:2], a, rtol=1e-6)
     assert 1_000 < a[1] < 100_000          # one decode token of a 70B at TP 4: ms
+
+
+def test_kernel_groups_of_one_size_class_share_a_program_and_keep_their_values(monkeypatch):
+    """``predict_table`` computes a kernel group padded to ``op_rows``: 256·4ᵏ rows up to 65,536
+    (a fit's predictions: 9 programs instead of 14, ≈ 0.14 s each to compile), ``padded_size``
+    beyond (≤ 25 % more). Groups of 300 and 900 rows share the 1,024-row program; each row's value
+    is the one computed alone, unpadded."""
+    import pandas as pd
+    from roofcal.model import coeffs as C
+    from roofcal.model import correction as K
+    from roofcal.model import curves
+    from roofcal.model.combine import padded_size
+    from roofcal.model.predict import ideal_times, op_rows, predict_table
+    assert [op_rows(n) for n in (1, 256, 257, 1024, 5000, 65_536)] == [256, 256, 1024, 1024, 16_384, 65_536]
+    assert op_rows(65_537) == padded_size(65_537) == 81_920
+    c = C.load("coeffs/a100_sxm.yaml")
+    ops = c.kernel_sets[c.kernels].ops
+    params = {"ops": ops, "step": K.neutral_step_params()}
+    gpu = load_gpu("a100_sxm")
+    rng = np.random.default_rng(0)
+    table = lambda n: pd.DataFrame({"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16",   # noqa: E731
+                                    "m": rng.integers(1, 8192, n), "n": 4096, "k": 4096})
+    a, b = table(300), table(900)
+    rows_seen, jitted = [], K.op_time_z
+    monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm: rows_seen.append(len(tc)) or jitted(p, z, tc, tm))
+    pa, pb = (predict_table(t, params, gpu, surface=True)["surface_us"].to_numpy() for t in (a, b))
+    assert rows_seen == [1024, 1024]                                 # one program's shapes
+    monkeypatch.undo()
+    z_tc_tm = ideal_times(gpu, b).rows("gemm", np.arange(len(b)))
+    alone = np.asarray(K.op_time_z(curves.surface_only(ops["gemm/bf16"]), *z_tc_tm[2:], *z_tc_tm[:2]))
+    assert pb.shape == (900,) and np.array_equal(pb, alone.astype(np.float64))
+    assert pa.shape == (300,) and np.all(pa > 0)
