@@ -244,6 +244,10 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
     return IdealTimes(tc, tm, z)
 
 
+#: the most rows :func:`op_rows` pads to a power of 4 (× 256)
+OP_ROWS_COARSE = 65_536
+
+
 def op_rows(n: int) -> int:
     """Rows a kernel group is predicted padded to: the smallest 256·4ᵏ ≥ ``n`` up to 65,536 rows,
     :func:`padded_size` beyond (≤ 25 % more: a large table's memory). A kernel's time over
@@ -255,10 +259,6 @@ def op_rows(n: int) -> int:
     while size < n:
         size *= 4
     return size
-
-
-#: the most rows :func:`op_rows` pads to a power of 4 (× 256)
-OP_ROWS_COARSE = 65_536
 
 
 def _op_times(p: dict, z, tc, tm) -> np.ndarray:
