@@ -189,10 +189,8 @@ def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch:
 def _step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch) -> dict:
     """:func:`step_breakdown` of ``batch`` as given: one compiled program per (model, GPU, TP)
     and batch shape."""
-    t = step_totals(batch, jnp)
-    calls = step_ops(model, tp, t)
-    ideal = ideal_step_times(gpu, calls)
-    out = combine(params["step"], model, tp, t, kernel_times(params, calls, ideal))
+    t, calls, ideal, kernels = _kernel_part(params, model, gpu, tp, batch)
+    out = combine(params["step"], model, tp, t, kernels)
     out["ideal_compute"] = sum(c.count * ideal[n][0] for n, c in calls.items())
     out["ideal_memory"] = sum(c.count * ideal[n][1] for n, c in calls.items())
     out["flops"] = sum(c.count * c.work.flops for c in calls.values())
@@ -216,9 +214,18 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
 @partial(jax.jit, static_argnames=("model", "gpu", "tp"))
 def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
     """:func:`kernel_breakdown` of ``batch`` as given."""
+    t, _, _, kernels = _kernel_part(params, model, gpu, tp, batch)
+    return t, kernels
+
+
+def _kernel_part(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
+    """(step totals, kernel calls, their ideal times, their µs per step) of ``batch``: the part
+    of a step before the step level, traced inside :func:`_step_breakdown` and
+    :func:`_kernel_breakdown` alike."""
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
-    return t, kernel_times(params, calls, ideal_step_times(gpu, calls))
+    ideal = ideal_step_times(gpu, calls)
+    return t, calls, ideal, kernel_times(params, calls, ideal)
 
 
 def step_time(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
