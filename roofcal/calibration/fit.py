@@ -392,6 +392,23 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     return {**p, **bounds}
 
 
+def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
+            init: dict | None = None) -> dict:
+    """:func:`fit_kernel` of ``d`` with its prior centred on ``prior`` (raw params; default
+    :func:`default_prior`) and started from ``init`` (default :func:`init_op_params`); a
+    prior's or start's curves are set aside."""
+    c = curves.surface_only(prior) or default_prior(d.kind, settings.degree_of(d.kind), d)
+    c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
+    return fit_kernel(d, settings, c, curves.surface_only(init))
+
+
+def kernel_work(d: KernelData) -> int:
+    """Minus the work of one objective of ``d`` (rows × surface terms): sorting by it puts the
+    largest fit first."""
+    terms = d.feats.shape[0] if d.fac is None else d.fac.shapes.shape[1]
+    return -int(d.tc.shape[0]) * int(terms)
+
+
 def kernel_workers() -> int:
     """Kernel fits run side by side in threads, one per core this process may use: each L-BFGS
     is a chain of small XLA programs that keeps ≈ 1.2 of 2 cores busy, so one chain leaves a
@@ -401,44 +418,43 @@ def kernel_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
-                init: dict | None = None, workers: int | None = None) -> dict:
-    """Stage 1: fit every kernel kind/variant in ``data`` ({key: :class:`KernelData`}, a key
-    such as ``"gemm/bf16"`` or a (kernel set, kernel) pair); returns {key: raw params}.
+def fitted_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
+                   init: dict | None = None, workers: int | None = None, first=()):
+    """Fit every kernel kind/variant in ``data`` ({key: :class:`KernelData`}, a key such as
+    ``"gemm/bf16"`` or a (kernel set, kernel) pair) and yield (key, raw params) as each fit
+    ends. The fits are independent and run ``workers`` (default :func:`kernel_workers`) at a
+    time in threads: the keys in ``first`` before the others, each group largest first. The
+    order of the yields varies from run to run; what each fit gives does not.
 
     ``prior`` / ``init`` map keys to raw params (e.g. a reference GPU's, for a few-shot refit);
-    keys they lack use :func:`default_prior` / :func:`init_op_params`. The fits are independent
-    and run ``workers`` (default :func:`kernel_workers`) at a time, the largest first.
+    keys they lack use :func:`default_prior` / :func:`init_op_params`.
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    def one(k):
-        d = data[k]
-        deg = settings.degree_of(d.kind)
-        c = curves.surface_only((prior or {}).get(k)) or default_prior(d.kind, deg, d)
-        c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
-        return fit_kernel(d, settings, c, curves.surface_only((init or {}).get(k)))
-
-    def size(k):                     # work per iteration: rows × surface terms
-        d = data[k]
-        terms = d.feats.shape[0] if d.fac is None else d.fac.shapes.shape[1]
-        return -int(d.tc.shape[0]) * int(terms), k
-    keys = sorted(data, key=size)
+    keys = sorted(data, key=lambda k: (k not in first, kernel_work(data[k]), k))
     bar = None
     if settings.progress and keys:
         from tqdm import tqdm
         bar = tqdm(total=len(keys), desc="kernels", unit="kernel", leave=False, dynamic_ncols=True)
-    with ThreadPoolExecutor(max_workers=workers or kernel_workers()) as pool:
-        jobs = {pool.submit(one, k): k for k in keys}
-        for job in as_completed(jobs):
-            job.result()
-            if bar is not None:
+    try:
+        with ThreadPoolExecutor(max_workers=workers or kernel_workers()) as pool:
+            jobs = {pool.submit(fit_one, data[k], settings, (prior or {}).get(k), (init or {}).get(k)): k
+                    for k in keys}
+            for job in as_completed(jobs):
                 k = jobs[job]
-                bar.set_postfix_str(" ".join(k).strip() if isinstance(k, tuple) else k)
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    done = {k: job.result() for job, k in jobs.items()}
+                if bar is not None:
+                    bar.set_postfix_str(" ".join(k).strip() if isinstance(k, tuple) else k)
+                    bar.update(1)
+                yield k, job.result()
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
+                init: dict | None = None, workers: int | None = None) -> dict:
+    """Stage 1: {key: raw params} of every kernel in ``data``, in key order
+    (:func:`fitted_kernels`, all at once)."""
+    done = dict(fitted_kernels(data, settings, prior, init, workers))
     return {k: done[k] for k in sorted(done)}
 
 
@@ -683,39 +699,52 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         p0.update({(unit, k): v for k, v in ops.items()})
         log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
             f"per-op rows fitted in {len(rows)} kernel kinds/variants")
-    fitted_ops = fit_kernels(shared_sizes(data), settings, prior=p0, init=p0)   # side by side
-    fits = {}          # unit → {kernel key: raw params}
-    for unit in units:
-        fits[unit] = {k: v for (u, k), v in fitted_ops.items() if u == unit}
-        mine = np.flatnonzero(sets_of_rows == unit)
-        add_curves(fits[unit], table.iloc[mine].reset_index(drop=True), ~test[mine], gpu, ideal.take(mine))
-    log("stage 1 (kernels) done")
-
-    if set_rows:
-        names = list(set_rows)
-        kernel_sets = {}
-        for name in names:
-            own = {**fits.get("", {}), **fits.get(name, {})}
-            # kinds with no rows keep the prior's (or neutral) corrections
-            kernel_sets[name] = KernelSet({**prior_ops(name), **own}, data=_set_files(provenance, name))
-        for name in names:                # a kernel another set measured and this one did not
-            for key, other in _borrowable(names, name, fits).items():
-                kernel_sets[name].ops[key] = fits[other][key]
-                kernel_sets[name].borrowed[key] = other
-    elif prior is not None:              # whole steps only: the prior's kernel sets, unchanged
-        kernel_sets = {n: replace(ks, ops=dict(ks.ops)) for n, ks in prior.kernel_sets.items()}
-    else:
-        kernel_sets = {UNVERSIONED: KernelSet({})}
+    data = shared_sizes(data)
+    names = list(set_rows)
+    have = {u: [k for (v, k) in sorted(data) if v == u] for u in units}   # unit → its kernels
+    borrow = {name: _borrowable(names, name, have) for name in names}    # set → {kernel: set}
+    set_names = names or (list(prior.kernel_sets) if prior is not None else [UNVERSIONED])
     step_set = settings.kernels or (prior.kernels if prior is not None and not set_rows else None) \
-        or newest_kernel_set(kernel_sets)
-    if step_set not in kernel_sets:
+        or newest_kernel_set(set_names)
+    if step_set not in set_names:
         raise RoofcalError(f"--kernels {step_set}: no per-op rows of that kernel set (sets: "
-                           f"{', '.join(kernel_sets)})")
-
+                           f"{', '.join(set_names)})")
     step_tests = [split_groups(d.config, settings.holdout, settings.seed + 1) for d in steps]
-    ops = kernel_sets[step_set].ops
-    params = fit_steps(steps, ops, settings, [~t for t in step_tests]) if steps else \
-        {"ops": ops, "step": K.neutral_step_params()}
+
+    def kernel_sets_of(fits, which):     # {set: KernelSet} of the fits so far
+        if not set_rows:                 # whole steps only: the prior's kernel sets, unchanged
+            return {n: replace(ks, ops=dict(ks.ops)) for n, ks in prior.kernel_sets.items()} \
+                if prior is not None else {UNVERSIONED: KernelSet({})}
+        # kinds with no rows keep the prior's (or neutral) corrections; a kernel another set
+        # measured and this one did not is borrowed from it
+        return {name: KernelSet({**prior_ops(name), **fits[""], **fits.get(name, {}),
+                                 **{k: fits[o][k] for k, o in borrow[name].items()}},
+                                borrowed=dict(borrow[name]), data=_set_files(provenance, name))
+                for name in which}
+
+    def step_fit(kernel_sets):           # stage 2, with the step set's kernels
+        ops = kernel_sets[step_set].ops
+        return fit_steps(steps, ops, settings, [~t for t in step_tests]) if steps else \
+            {"ops": ops, "step": K.neutral_step_params()}
+
+    # The step set's kernels (its own, the shared ones, those it borrows) are fitted first and
+    # the steps as soon as they are done, beside the other sets' kernels: the same fits, sooner.
+    needed = {(u, k) for (u, k) in data if u in ("", step_set)} | \
+        {(o, k) for k, o in borrow.get(step_set, {}).items()} if steps and set_rows else set()
+    where = _kernel_rows(table, sets_of_rows, units)
+    fits, params = {u: {} for u in ["", *units]}, None
+    for (unit, key), p in fitted_kernels(data, settings, prior=p0, init=p0, first=needed):
+        at = where[(unit, key)]
+        ops = {key: p}
+        add_curves(ops, table.iloc[at].reset_index(drop=True), ~test[at], gpu, ideal.take(at))
+        fits[unit][key] = ops[key]
+        if params is None and needed and all(k in fits[u] for u, k in needed):
+            params = step_fit(kernel_sets_of(fits, [step_set]))
+    fits = {u: {k: fits[u][k] for k in have.get(u, [])} for u in fits}   # in key order
+    log("stage 1 (kernels) done")
+    kernel_sets = kernel_sets_of(fits, names)
+    if params is None:
+        params = step_fit(kernel_sets)
     if steps:
         log(f"stage 2 (steps: {sum(len(d) for d in steps)} measured, kernel set {step_set}) done")
         kernel_sets[step_set].ops = params["ops"]           # moved only with finetune > 0
@@ -761,6 +790,16 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     c.metrics = _round_metrics(metrics)
     log("metrics done")
     return FitResult(c, test, step_tests, step_table)
+
+
+def _kernel_rows(table: pd.DataFrame, sets_of_rows: np.ndarray, units: list) -> dict:
+    """{(unit, kernel key): positions in ``table`` of that unit's rows of that kernel}."""
+    out = {}
+    for unit in units:
+        mine = np.flatnonzero(sets_of_rows == unit)
+        for _, op, dt, idx in groups(table.iloc[mine]):
+            out[(unit, K.op_key(op, dt))] = mine[idx]
+    return out
 
 
 def _set_files(provenance, name: str) -> list:

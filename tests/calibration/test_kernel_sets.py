@@ -197,3 +197,36 @@ def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         coeff_io.load("coeffs/a100_sxm.yaml")                 # no FP8 GEMM: nothing to say
+
+
+def test_the_steps_are_fitted_as_soon_as_their_sets_kernels_are(monkeypatch):
+    """With whole steps, the step set's kernels (its own, the shared NCCL, the block-FP8 GEMM it
+    borrows from 0.14) are fitted first and the steps as soon as those are done, while 0.14's
+    all-reduces are still to come; the steps get exactly the step set's kernels."""
+    import roofcal.calibration.fit as F
+    from roofcal.measurements.stepdata import read_splitwise
+    t = microbench_table("h100_sxm")
+    table = pd.concat([t[t["op"] == "allreduce"], t[(t["kernels"] == OLD) & (t["op"] == "gemm")
+                                                     & (t["dtype"] == "fp8_block")].iloc[:300]],
+                      ignore_index=True)
+    done, seen = [], {}
+    fitted = F.fitted_kernels
+
+    def recording(*a, **k):
+        for key, p in fitted(*a, **k):
+            done.append(key)
+            yield key, p
+
+    def steps_at(datasets, ops, *a, **k):
+        seen.update(done=list(done), ops=sorted(ops))
+        return {"ops": ops, "step": F.K.neutral_step_params()}
+    monkeypatch.setattr(F, "kernel_workers", lambda: 1)      # fits end in the order they start
+    monkeypatch.setattr(F, "fitted_kernels", recording)
+    monkeypatch.setattr(F, "fit_steps", steps_at)
+    res = fit(H100, table, read_splitwise("data/steps/splitwise/llama2-70b_h100-80gb_tp4_tp8.csv"), FAST)
+    first = {(NEW, "allreduce/custom"), (NEW, "allreduce/custom_eager"), ("", "allreduce/nccl"),
+             (OLD, "gemm/fp8_block")}
+    assert set(seen["done"]) == first and len(done) == 6
+    assert set(done[4:]) == {(OLD, "allreduce/custom"), (OLD, "allreduce/custom_eager")}
+    assert seen["ops"] == ["allreduce/custom", "allreduce/custom_eager", "allreduce/nccl", "gemm/fp8_block"]
+    assert res.coeffs.kernels == NEW and res.coeffs.kernel_sets[NEW].borrowed == {"gemm/fp8_block": OLD}
