@@ -89,7 +89,7 @@ def load(paths, gpu: str | None = None, model=None, tp=None) -> Measurements:
         m.ops = pd.concat(frames, ignore_index=True)
     if gpu is not None:
         if m.ops is not None:
-            other = sorted(set(m.ops["gpu"]) - {gpu})
+            other = sorted(set(m.ops["gpu"].unique()) - {gpu})
             if other:
                 src = m.ops.loc[m.ops["gpu"] == other[0], "source"].iloc[0]
                 raise RoofcalError(f"{src}: rows are for GPU '{other[0]}', not '{gpu}'")
@@ -107,7 +107,7 @@ def microbench_table(gpu: str, kernels: str | None = None):
     paths = [p for p in bundled_paths(gpu) if "microbench" in str(p)]
     df = load(paths, gpu=gpu).ops
     if kernels is not None:
-        if kernels not in set(df["kernels"]):
+        if kernels not in set(df["kernels"].unique()):
             raise RoofcalError(f"no bundled {gpu} per-op rows of kernel set '{kernels}' (sets: "
                                f"{', '.join(sorted(set(df['kernels']) - {''}))})")
         df = df[df["kernels"].isin([kernels, ""])]

@@ -453,8 +453,15 @@ def stored(log_ratios) -> np.ndarray:
     """Log-ratios at a file's precision (:data:`RATIO_DECIMALS`), as :func:`to_dict` writes them
     and :func:`from_dict` reads them back: fitted curves are the file's curves, so the steps are
     fitted with what the file will hold (and a fit's programs that hold the curves are the ones
-    its file's predictions use)."""
-    return np.array([round(float(r), RATIO_DECIMALS) + 0.0 for r in log_ratios], np.float64)
+    its file's predictions use). Python's ``round`` (correctly rounded decimals) decides, in
+    arrays: away from a tie k + ½ at this precision the nearest k is the one rint finds, and k /
+    10⁴ is the double ``round`` gives; near one (within 10⁻⁶) ``round`` itself decides."""
+    x = np.asarray(log_ratios, np.float64)
+    scaled = x * 10.0 ** RATIO_DECIMALS
+    out = np.rint(scaled) / 10.0 ** RATIO_DECIMALS + 0.0          # + 0.0: no negative zero
+    tie = np.abs(np.abs(scaled - np.floor(scaled)) - 0.5) < 1e-6
+    out[tie] = [round(float(r), RATIO_DECIMALS) + 0.0 for r in x[tie]]
+    return out
 
 
 def _text(values) -> str:

@@ -293,3 +293,18 @@ def test_a_steps_attention_is_the_per_op_price_of_its_blended_shape():
     step = predict([Step(decode=(1023,) * 48)], model="meta-llama/Llama-2-70b-hf", gpu="h100_sxm", tp=4,
                    coeffs=c, stack="none", kernels="vllm-0.14.0")
     assert float(step.attn_decode_us.iloc[0]) == pytest.approx(80 * per_op, rel=1e-4)
+
+
+def test_stored_log_ratios_are_pythons_round_to_the_bit():
+    """:func:`curves.stored` rounds in arrays but gives exactly ``round(x, 4)``: values a hair
+    above a tie (0.00005 is 5.0000000000000002e-05 in binary: ``round`` goes up, rint of its
+    scaled 0.5 would go to 0), negative zero, and a million ordinary ones."""
+    from roofcal.model import curves
+    ties = np.array([0.00005, 0.00015, -0.00025, 1.23445, 2.00005, -0.0, -0.00004])
+    assert list(curves.stored(ties)) == [0.0001, 0.0001, -0.0003, 1.2345, 2.0, 0.0, 0.0]
+    zeros = curves.stored(ties)[-2:]
+    assert not np.signbit(zeros).any()                # no -0.0 in a file
+    x = np.concatenate([np.random.default_rng(0).normal(0, 0.3, 1_000_000),
+                        np.arange(-20_000, 20_000) / 1e4 + 0.00005, ties])
+    want = np.array([round(float(r), 4) + 0.0 for r in x])
+    assert curves.stored(x).tobytes() == want.tobytes()
