@@ -286,17 +286,17 @@ def shared_sizes(data: dict, kinds=SHARED_SIZE_KINDS) -> dict:
 def init_op_params(d: KernelData, degree: int) -> dict:
     """A data-informed start: intercepts from the median achieved fraction of peak in the rows
     bound by each resource, latency half the fastest measurement, sharpness 3."""
-    p = K.neutral_op_params(d.kind, degree)
+    p = {k: np.array(v) for k, v in K.neutral_op_params(d.kind, degree).items()}
     tc, tm, y = np.asarray(d.tc), np.asarray(d.tm), np.asarray(d.y)
     keep = np.asarray(d.train) > 0
     for name, mine, other in (("eff_c", tc, tm), ("eff_m", tm, tc)):
         sel = keep & (mine >= other) & (mine > 0)
         frac = float(np.median(mine[sel] / y[sel])) if sel.any() else 0.5
-        p[name] = p[name].at[0].set(K.logit(min(max(frac, 0.02), 0.95)))
-    p["latency"] = jnp.asarray(math.log(0.5 * float(y[keep].min())), jnp.float32)
-    p["sharpness"] = jnp.asarray(K.softplus_inv(_sharpness(d.kind)[0] - 1.0), jnp.float32)
-    p["lo"], p["hi"] = jnp.asarray(d.lo, jnp.float32), jnp.asarray(d.hi, jnp.float32)
-    return p
+        p[name][0] = K.logit(min(max(frac, 0.02), 0.95))
+    p["latency"] = math.log(0.5 * float(y[keep].min()))
+    p["sharpness"] = K.softplus_inv(_sharpness(d.kind)[0] - 1.0)
+    p["lo"], p["hi"] = d.lo, d.hi
+    return K.on_device(p)
 
 
 def _sharpness(kind: str) -> tuple[float, float | None]:
@@ -324,13 +324,13 @@ def prior_strengths(p: dict, settings: FitSettings, n: float, kind: str | None =
 def default_prior(kind: str, degree: int, d: KernelData) -> dict:
     """Physical prior: 60% of peak on both resources, flat surface, 3 µs latency, q = 3 (or the
     kind's own, :func:`_sharpness`)."""
-    p = K.neutral_op_params(kind, degree)
+    p = {k: np.array(v) for k, v in K.neutral_op_params(kind, degree).items()}
     for name in ("eff_c", "eff_m"):
-        p[name] = p[name].at[0].set(K.logit(0.6))
-    p["latency"] = jnp.asarray(math.log(3.0), jnp.float32)
-    p["sharpness"] = jnp.asarray(K.softplus_inv(_sharpness(kind)[0] - 1.0), jnp.float32)
-    p["lo"], p["hi"] = jnp.asarray(d.lo, jnp.float32), jnp.asarray(d.hi, jnp.float32)
-    return p
+        p[name][0] = K.logit(0.6)
+    p["latency"] = math.log(3.0)
+    p["sharpness"] = K.softplus_inv(_sharpness(kind)[0] - 1.0)
+    p["lo"], p["hi"] = d.lo, d.hi
+    return K.on_device(p)
 
 
 def kernel_objective(p: dict, data: tuple):
@@ -398,7 +398,7 @@ def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
     :func:`default_prior`) and started from ``init`` (default :func:`init_op_params`); a
     prior's or start's curves are set aside."""
     c = curves.surface_only(prior) or default_prior(d.kind, settings.degree_of(d.kind), d)
-    c = {**c, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
+    c = {**c, **K.on_device({"lo": d.lo, "hi": d.hi})}
     return fit_kernel(d, settings, c, curves.surface_only(init))
 
 
@@ -542,23 +542,22 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
         return params
     parts = [kernel_breakdown(params, d.model, _gpu(d.gpu), d.tp, d.batch) for d in datasets]
     o = _overhead_init(datasets, parts, params["step"], train_masks, target)
-    params["step"]["overheads"] = jnp.asarray(np.log(o), jnp.float32)
-    params["step"]["mix"] = jnp.asarray(K.softplus_inv(1e-3), jnp.float32)
+    params["step"].update(K.on_device({"overheads": np.log(o), "mix": K.softplus_inv(1e-3)}))
     if any(f == "cycle_us" for f, _ in terms):          # cycle times see the CPU–GPU overlap
-        params["step"]["overlap"] = jnp.asarray(K.softplus_inv(1.0), jnp.float32)
+        params["step"]["overlap"] = K.on_device(K.softplus_inv(1.0))
     n = float(sum(w.sum() for ws in masks for w in ws))
     center = step_prior or {k: params["step"][k] for k in ("overheads", "scales", "mix", "overlap")
                             if k in params["step"]}
-    strength = {"overheads": jnp.full(len(K.STEP_OVERHEADS), 1e-3 / n),
-                "scales": jnp.full(len(K.STEP_SCALES), settings.prior_scales / n),
-                "mix": jnp.asarray(1e-3 / n), "overlap": jnp.asarray(1e-3 / n)}
+    strength = K.on_device({"overheads": np.full(len(K.STEP_OVERHEADS), 1e-3 / n),
+                            "scales": np.full(len(K.STEP_SCALES), settings.prior_scales / n),
+                            "mix": 1e-3 / n, "overlap": 1e-3 / n})
     strength = {k: v for k, v in strength.items() if k in center}
-    sets = [(d, [(what, jnp.asarray(w, jnp.float32), jnp.asarray(np.nan_to_num(measured(d, f), nan=1.0), jnp.float32))
+    sets = [(d, [(what, *K.on_device((w, np.nan_to_num(measured(d, f), nan=1.0))))
                  for (f, what), w in zip(terms, ws)], _gpu(d.gpu))
             for d, ws in zip(datasets, masks)]
     free_kernels = settings.finetune > 0
     surfaces = curves.surfaces(kernel_params)
-    k_strength = jax.tree_util.tree_map(lambda x: jnp.full(jnp.shape(x), settings.finetune / n),
+    k_strength = jax.tree_util.tree_map(lambda x: np.full(np.shape(x), settings.finetune / n, np.float32),
                                         surfaces)
 
     frozen = {k: p["curves"] for k, p in kernel_params.items() if "curves" in p}   # never move

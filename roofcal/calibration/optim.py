@@ -17,6 +17,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -128,7 +129,7 @@ def lbfgs(loss_fn: Callable, params, data, steps: int, chunks: int = 1, tol: flo
     are fixed. It stops earlier, inside a block, once :data:`FAILED_SEARCHES` line searches in
     a row found no decrease."""
     state = _lbfgs_init(params)
-    fails = jnp.zeros((), jnp.int32)
+    fails = jax.device_put(np.int32(0))        # on the host: no XLA program
     per = max(1, steps // chunks)
     value = float("nan")
     for _ in range(chunks):

@@ -202,13 +202,18 @@ def neutral_op_params(kind: str, degree: int | None = None) -> dict:
     n = len(exponents(len(k.descriptors), deg))
     w = np.zeros(n, np.float32)
     w[0] = logit(NEUTRAL_EFFICIENCY)
-    return {
-        "eff_c": jnp.asarray(w), "eff_m": jnp.asarray(w),
-        "latency": jnp.asarray(math.log(1e-9), jnp.float32),
-        "sharpness": jnp.asarray(softplus_inv(NEUTRAL_SHARPNESS - 1.0), jnp.float32),
-        "lo": jnp.full(len(k.descriptors), -4.0, jnp.float32),
-        "hi": jnp.full(len(k.descriptors), 4.0, jnp.float32),
-    }
+    return on_device({
+        "eff_c": w, "eff_m": w.copy(), "latency": math.log(1e-9),
+        "sharpness": softplus_inv(NEUTRAL_SHARPNESS - 1.0),
+        "lo": np.full(len(k.descriptors), -4.0), "hi": np.full(len(k.descriptors), 4.0),
+    })
+
+
+def on_device(tree):
+    """``tree`` with every leaf a float32 JAX array, built on the host and put on the device:
+    ``jnp.asarray``, ``jnp.full`` or ``.at[].set`` would each trace and load (or compile) a small
+    XLA program per shape, ≈ 10–20 ms apiece (a fit's first use of every kernel kind)."""
+    return jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x, np.float32)), tree)
 
 
 def smax(a, b, q):
@@ -333,9 +338,8 @@ def op_time_z(p: dict, z, tc, tm):
 
 def neutral_step_params() -> dict:
     """No overheads, kernels as in isolation; prefill and decode attention of a mixed step add up."""
-    return {"overheads": jnp.full(len(STEP_OVERHEADS), math.log(1e-9), jnp.float32),
-            "scales": jnp.zeros(len(STEP_SCALES), jnp.float32),
-            "mix": jnp.asarray(softplus_inv(1e-9), jnp.float32)}
+    return on_device({"overheads": np.full(len(STEP_OVERHEADS), math.log(1e-9)),
+                      "scales": np.zeros(len(STEP_SCALES)), "mix": softplus_inv(1e-9)})
 
 
 def step_scales(p: dict) -> dict:

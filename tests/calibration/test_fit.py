@@ -214,3 +214,19 @@ def test_shared_sizes_pad_a_kind_to_one_size_without_changing_its_objective():
     value = lambda d: float(d.objective()[0](p, (d.objective()[1], d.tc, d.tm, d.y, d.train, c,
                                                    prior_strengths(c, FAST, 300.0), mask)))
     assert value(big) == pytest.approx(value(small), rel=1e-5)
+
+
+def test_a_fits_start_and_prior_are_built_without_xla_programs(caplog):
+    """The start and the prior of a kernel fit are built on the host and put on the device:
+    ``jnp.asarray``, ``jnp.full`` and ``.at[].set`` each traced and loaded a small XLA program per
+    shape (≈ 5–10 ms apiece, a dozen a fit). Degree 6 of an all-reduce (210 terms) is a shape no
+    other test builds, so an in-memory program of another test cannot hide one."""
+    t = read_ops("data/microbench/h100_sxm/vllm-0.24.0/custom_allreduce_perf.parquet").iloc[:40]
+    d = kernel_data(t.reset_index(drop=True), H100, np.zeros(len(t), bool), FAST)
+    d = next(iter(d.values()))
+    with jax.log_compiles(True):
+        p, c = init_op_params(d, 6), default_prior(d.kind, 6, d)
+    assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+    assert p["eff_c"].shape == c["eff_c"].shape == (210,) and p["eff_c"].dtype == jnp.float32
+    assert float(c["eff_c"][0]) == pytest.approx(K.logit(0.6)) and float(c["latency"]) == pytest.approx(math.log(3.0))
+    assert all(isinstance(v, jax.Array) for v in (*p.values(), *c.values()))
