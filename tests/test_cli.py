@@ -96,3 +96,28 @@ def test_the_executable_ends_at_once_with_its_status_and_all_its_output():
     bad = roofcal("fit", "--holdout", "2")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == "roofcal: error: --holdout must be in [0, 1), got 2.0\n"
+
+
+def test_a_roofcal_process_runs_no_full_collection_of_its_heap(tmp_path):
+    """``python -m roofcal.cli`` (as ``roofcal``) tunes Python's cycle collector for a command
+    that runs once (``cli.main.batch_gc``): the README's ``predict`` ran 7 full collections of
+    the whole heap with the interpreter's thresholds (≈ 0.1 s each in a fit), none with these."""
+    import subprocess
+    import sys
+
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"prefill": [[2048, 0]], "decode": []}\n'
+                     '{"prefill": [], "decode": [512, 1024, 1024, 4096]}\n')
+    code = ("import gc, runpy, sys\n"
+            "full = []\n"
+            "gc.callbacks.append(lambda phase, info: full.append(1) if phase == 'start' "
+            "and info['generation'] == 2 else None)\n"
+            "sys.argv = ['roofcal', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_module('roofcal.cli', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('full collections', len(full))\n")
+    out = subprocess.run([sys.executable, "-c", code, "predict", "--model", "llama-3.1-70b-instruct",
+                          "--gpu", "h100_sxm", "--tp", "4", "--steps", str(steps), "--coeffs",
+                          "coeffs/h100_sxm.yaml", "--out", str(tmp_path / "pred.csv")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "full collections 0"

@@ -2,6 +2,7 @@
 
 import sys
 
-from roofcal.cli.main import main
+from roofcal.cli.main import batch_gc, main
 
+batch_gc()
 sys.exit(main())

