@@ -3,7 +3,11 @@
 # on disk as every command keeps them (ROOFCAL_CACHE; "off": none), before JAX is imported: a
 # process whose first program compiles without the cache never reads it afterwards, so the tests
 # compiled most programs afresh in every worker
-from roofcal.cli.main import enable_compilation_cache, jax_defaults
+#
+# Python's cycle collector tuned as in a roofcal process (cli.main.batch_gc): the test command
+# 2:02 → 1:39 (870 passed, programs on disk), the largest worker's peak memory 3.40 → 3.52 GB
+from roofcal.cli.main import batch_gc, enable_compilation_cache, jax_defaults
 
 jax_defaults()
 enable_compilation_cache()
+batch_gc()
