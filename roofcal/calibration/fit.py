@@ -793,10 +793,10 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
 
 def _kernel_rows(table: pd.DataFrame, sets_of_rows: np.ndarray, units: list) -> dict:
     """{(unit, kernel key): positions in ``table`` of that unit's rows of that kernel}."""
-    out = {}
+    out, keys = {}, table[["gpu", "op", "dtype"]]       # the grouping columns alone: no copy of the rest
     for unit in units:
         mine = np.flatnonzero(sets_of_rows == unit)
-        for _, op, dt, idx in groups(table.iloc[mine]):
+        for _, op, dt, idx in groups(keys.iloc[mine]):
             out[(unit, K.op_key(op, dt))] = mine[idx]
     return out
 

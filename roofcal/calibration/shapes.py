@@ -62,13 +62,22 @@ def factor(kind: str, z: np.ndarray, lo: np.ndarray, hi: np.ndarray, degree: int
     keys = zc.copy()
     keys[:, a] = 1.0                                             # the axis leaves the shape
     uniq, shape_of = unique_rows(keys)
-    shapes = np.prod(uniq[:, None, :] ** e[None], axis=2)        # (U, T)
+    shapes = monomials(uniq, e)                                  # (U, T)
     j = np.arange(degree + 1)
     powers = zc[:, a:a + 1] ** j[None]                           # (N, J)
     onehot = (e[:, a][:, None] == j[None]).astype(np.float32)   # (T, J)
     put = lambda x, dt: jax.device_put(np.asarray(x, dt))     # converted on the host: no XLA program
     return with_blocks(Factored(put(shapes, np.float32), put(powers, np.float32),
                                 put(shape_of.reshape(-1), np.int32), put(onehot, np.float32)))
+
+
+def monomials(x: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """(N, T) products over descriptors d of ``x[:, d] ** e[t, d]`` (``x`` (N, D) float64, ``e``
+    (T, D) integer exponents): each power computed once per value and exponent, then gathered
+    and multiplied in descriptor order — the same numbers as ``np.prod(x[:, None] ** e, 2)``
+    without N·T·D calls of ``pow`` (a MoE table's 600 shapes × 495 terms × 8: 0.03 s a table)."""
+    powers = x[:, :, None] ** np.arange(int(e.max(initial=0)) + 1)  # (N, D, P)
+    return np.prod(powers[:, np.arange(x.shape[1])[None, :], e], axis=2)
 
 
 def with_blocks(f: Factored) -> Factored:
