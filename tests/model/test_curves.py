@@ -308,3 +308,19 @@ def test_stored_log_ratios_are_pythons_round_to_the_bit():
                         np.arange(-20_000, 20_000) / 1e4 + 0.00005, ties])
     want = np.array([round(float(r), 4) + 0.0 for r in x])
     assert curves.stored(x).tobytes() == want.tobytes()
+
+
+def test_curve_lines_are_written_number_by_number():
+    """A curve block's lines come from one pass over all of a kernel's numbers; each is the
+    number's ``repr``, or its integer when whole (below 2⁵³): hand-checked, and line for line as a
+    loop over the numbers writes them, on the shipped file's vLLM 0.24 GEMM bf16 curves."""
+    vals = [4096.0, -0.0, 2.5, float("inf"), float("nan"), 2.0 ** 53, 1e300, np.float32(0.1), -3.0]
+    assert curves._text(vals) == "4096 0 2.5 inf nan 9007199254740992.0 1e+300 0.10000000149011612 -3"
+    assert curves._texts([[], [1.0], [0.5, 2.0]]) == ["", "1", "0.5 2"]
+    one = lambda v: " ".join(str(int(x)) if float(x).is_integer() and abs(x) < 2 ** 53 else repr(float(x))
+                             for x in v)
+    cv = CI.load("coeffs/h100_sxm.yaml").kernel_sets["vllm-0.24.0"].ops["gemm/bf16"]["curves"]
+    curves._LINES.clear()
+    block = curves.to_dict("gemm", cv)["curves"]
+    want = [(one(k), one(a), one(curves.stored(r))) for k, (a, r) in sorted(cv.items())]
+    assert [(b["shape"], b["at"], b["log_ratio"]) for b in block] == want and len(want) > 100
