@@ -731,15 +731,16 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     needed = {(u, k) for (u, k) in data if u in ("", step_set)} | \
         {(o, k) for k, o in borrow.get(step_set, {}).items()} if steps and set_rows else set()
     where = _kernel_rows(table, sets_of_rows, units)
-    fits, params = {u: {} for u in ["", *units]}, None
+    fits, params = {u: {} for u in ["", *units]}, None        # unit → {kernel: raw params}
+    in_order = lambda fits: {u: {k: fits[u][k] for k in have.get(u, []) if k in fits[u]} for u in fits}
     for (unit, key), p in fitted_kernels(data, settings, prior=p0, init=p0, first=needed):
         at = where[(unit, key)]
         ops = {key: p}
         add_curves(ops, table.iloc[at].reset_index(drop=True), ~test[at], gpu, ideal.take(at))
         fits[unit][key] = ops[key]
         if params is None and needed and all(k in fits[u] for u, k in needed):
-            params = step_fit(kernel_sets_of(fits, [step_set]))
-    fits = {u: {k: fits[u][k] for k in have.get(u, [])} for u in fits}   # in key order
+            params = step_fit(kernel_sets_of(in_order(fits), [step_set]))
+    fits = in_order(fits)
     log("stage 1 (kernels) done")
     kernel_sets = kernel_sets_of(fits, names)
     if params is None:

@@ -212,7 +212,8 @@ def neutral_op_params(kind: str, degree: int | None = None) -> dict:
 def on_device(tree):
     """``tree`` with every leaf a float32 JAX array, built on the host and put on the device:
     ``jnp.asarray``, ``jnp.full`` or ``.at[].set`` would each trace and load (or compile) a small
-    XLA program per shape, ≈ 10–20 ms apiece (a fit's first use of every kernel kind)."""
+    XLA program per shape, ≈ 5–10 ms apiece from the disk cache, ≈ 20 ms to compile (a fit's first
+    use of every kernel kind: 19 of them)."""
     return jax.tree_util.tree_map(lambda x: jax.device_put(np.asarray(x, np.float32)), tree)
 
 
