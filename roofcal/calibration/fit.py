@@ -769,14 +769,18 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         c.fit["deployments"] = [{"model": m, "tp": t} for m, t in
                                 sorted({(d.model.ref, d.tp) for d in steps})]
     c = roundtrip(c)                        # metrics of exactly what the file will hold
-    for name, rows in set_rows.items():
-        idx = np.flatnonzero(rows)
-        sub, sub_test = table.iloc[idx].reset_index(drop=True), test[idx]
-        ks = c.kernel_sets[name]
-        pred = predict_table(sub, {"ops": ks.ops, "step": K.neutral_step_params()}, gpu, surface=True,
+
+    def set_metrics(name):                  # (metrics, bands) of a kernel set on its rows
+        idx = np.flatnonzero(set_rows[name])
+        sub, sub_test, ops = table.iloc[idx].reset_index(drop=True), test[idx], c.kernel_sets[name].ops
+        pred = predict_table(sub, {"ops": ops, "step": K.neutral_step_params()}, gpu, surface=True,
                              ideal=ideal.take(idx))
-        ks.metrics = _round_metrics(kernel_metrics(sub, {"ops": ks.ops}, gpu, sub_test, pred))
-        ks.intervals = op_intervals(pred, sub_test, settings, pred["surface_us"].to_numpy())
+        return (_round_metrics(kernel_metrics(sub, {"ops": ops}, gpu, sub_test, pred)),
+                op_intervals(pred, sub_test, settings, pred["surface_us"].to_numpy()))
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=kernel_workers()) as pool:    # the sets side by side
+        for name, (m, bands) in zip(set_rows, pool.map(set_metrics, list(set_rows))):
+            c.kernel_sets[name].metrics, c.kernel_sets[name].intervals = m, bands
     c = with_kernels(c, c.kernels)          # the active set's bands mirrored
     metrics = {"train": {}, "heldout": {}}
     step_table = None
