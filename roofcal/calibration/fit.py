@@ -688,11 +688,16 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         ks = prior.kernel_sets.get(name) or prior.kernel_set
         return dict(ks.ops)
 
-    data, p0 = {}, {}  # (unit ("" = shared), kernel key) → its rows; its prior (and start)
-    for unit in units:
+    def unit_data(unit):           # a unit's fitted rows, ready for the loss
         own = np.flatnonzero(fitted & (sets_of_rows == unit))
         sub = table.iloc[own].reset_index(drop=True)
-        rows = kernel_data(sub, gpu, np.zeros(len(sub), bool), settings, ideal.take(own))
+        return sub, kernel_data(sub, gpu, np.zeros(len(sub), bool), settings, ideal.take(own))
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=kernel_workers()) as pool:   # side by side: their XLA
+        prepared = list(pool.map(unit_data, units))                   # programs compile in parallel
+    data, p0 = {}, {}  # (unit ("" = shared), kernel key) → its rows; its prior (and start)
+    for unit, (sub, rows) in zip(units, prepared):
         ops = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
         data.update({(unit, k): d for k, d in rows.items()})
         p0.update({(unit, k): v for k, v in ops.items()})

@@ -235,12 +235,17 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
     width = max(len(k.descriptors) for k in K.OP_KINDS.values())
     tc, tm = np.zeros(len(df), np.float32), np.zeros(len(df), np.float32)
     z = np.zeros((len(df), width), np.float32)
-    for g, op, dt, idx in groups(df):
+    parts = list(groups(df))
+    for g, op, dt, idx in parts:
         if g != gpu.name:
             raise RoofcalError(f"{df['source'].iloc[idx[0]]}: rows are for GPU '{g}' but the "
                                f"coefficients are for '{gpu.name}'")
-        tc[idx], tm[idx], zi = row_times(gpu, op, dt, df, idx)
-        z[idx, :zi.shape[1]] = zi
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=2) as pool:      # one group's program compiles (or loads)
+        times = pool.map(lambda p: row_times(gpu, p[1], p[2], df, p[3]), parts)  # as another runs
+        for (g, op, dt, idx), (tci, tmi, zi) in zip(parts, times):
+            tc[idx], tm[idx] = tci, tmi
+            z[idx, :zi.shape[1]] = zi
     return IdealTimes(tc, tm, z)
 
 
