@@ -75,7 +75,8 @@ def monomials(x: np.ndarray, e: np.ndarray) -> np.ndarray:
     """(N, T) products over descriptors d of ``x[:, d] ** e[t, d]`` (``x`` (N, D) float64, ``e``
     (T, D) integer exponents): each power computed once per value and exponent, then gathered
     and multiplied in descriptor order — the same numbers as ``np.prod(x[:, None] ** e, 2)``
-    without N·T·D calls of ``pow`` (a MoE table's 600 shapes × 495 terms × 8: 0.03 s a table)."""
+    without N·T·D calls of ``pow`` (a MoE table's 600 shapes × 495 terms × 8 descriptors:
+    60 → 5 ms)."""
     powers = x[:, :, None] ** np.arange(int(e.max(initial=0)) + 1)  # (N, D, P)
     return np.prod(powers[:, np.arange(x.shape[1])[None, :], e], axis=2)
 
