@@ -121,3 +121,16 @@ def test_a_roofcal_process_runs_no_full_collection_of_its_heap(tmp_path):
                           "coeffs/h100_sxm.yaml", "--out", str(tmp_path / "pred.csv")],
                          capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1] == "full collections 0"
+
+
+def test_fit_reports_which_kernel_set_predictions_use():
+    """The shipped H100 file's default stack, ``vllm``, was calibrated with vLLM 0.14's kernels,
+    so predictions use that set although the file's ``kernels:`` is 0.24 (``--stack none``)."""
+    from roofcal.cli.fit import set_role
+    from roofcal.model import coeffs as coeff_io
+    c = coeff_io.load("coeffs/h100_sxm.yaml")
+    assert (c.stack, c.kernels, c.default_kernels) == ("vllm", "vllm-0.14.0", "vllm-0.24.0")
+    assert set_role(c, "vllm-0.14.0") == " (default with stack 'vllm', calibrated with it)"
+    assert set_role(c, "vllm-0.24.0") == " (the file's default, for --stack none)"
+    bare = coeff_io.with_stack(c, None)
+    assert set_role(bare, "vllm-0.24.0") == " (default)" and set_role(bare, "vllm-0.14.0") == ""

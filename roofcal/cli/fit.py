@@ -81,7 +81,7 @@ def cmd_fit(a) -> None:
     if c.stack is None:
         print("no serving stack: whole-step predictions need --stack (none, or FILE:NAME); see --stack-from")
     for name, ks in c.kernel_sets.items():
-        print(f"kernel set '{name}'{' (default)' if name == c.kernels else ''}: {len(ks.ops)} kernels"
+        print(f"kernel set '{name}'{set_role(c, name)}: {len(ks.ops)} kernels"
               + ("; for want of rows, " + ", ".join(f"{k} from {o}" for k, o in sorted(ks.borrowed.items()))
                  if ks.borrowed else ""))
     coeff_io.save(c, out)
@@ -91,6 +91,16 @@ def cmd_fit(a) -> None:
               "follows its training rows (train MAPE near 0 where the curve is trusted fully, shrink 1); "
               "judge them by the held-out rows (docs/model.md)")
     print(f"wrote {out} in {time.time() - t0:.1f} s")
+
+
+def set_role(c, name: str) -> str:
+    """What kernel set ``name`` of coefficients ``c`` is used for, as ``roofcal fit`` reports it:
+    predictions use the default stack's set (the one it was calibrated with), which may differ
+    from the file's ``kernels:`` (used with ``--stack none``)."""
+    if name == c.kernels:
+        return " (default)" if name == c.default_kernels else \
+            f" (default with stack '{c.stack}', calibrated with it)"
+    return " (the file's default, for --stack none)" if name == c.default_kernels else ""
 
 
 def _fit_power(a, c, gpu):
