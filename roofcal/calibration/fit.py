@@ -418,6 +418,14 @@ def kernel_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
+def side_by_side(fn, items) -> list:
+    """``[fn(x) for x in items]``, computed :func:`kernel_workers` at a time in threads (work that
+    is largely XLA programs, compiling or running, which release the interpreter's lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=kernel_workers()) as pool:
+        return list(pool.map(fn, items))
+
+
 def fitted_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
                    init: dict | None = None, workers: int | None = None, first=()):
     """Fit every kernel kind/variant in ``data`` ({key: :class:`KernelData`}, a key such as
@@ -693,9 +701,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         sub = table.iloc[own].reset_index(drop=True)
         return sub, kernel_data(sub, gpu, np.zeros(len(sub), bool), settings, ideal.take(own))
 
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=kernel_workers()) as pool:   # side by side: their XLA
-        prepared = list(pool.map(unit_data, units))                   # programs compile in parallel
+    prepared = side_by_side(unit_data, units)     # their feature programs compile in parallel
     data, p0 = {}, {}  # (unit ("" = shared), kernel key) → its rows; its prior (and start)
     for unit, (sub, rows) in zip(units, prepared):
         ops = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
@@ -782,10 +788,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
                              ideal=ideal.take(idx))
         return (_round_metrics(kernel_metrics(sub, {"ops": ops}, gpu, sub_test, pred)),
                 op_intervals(pred, sub_test, settings, pred["surface_us"].to_numpy()))
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=kernel_workers()) as pool:    # the sets side by side
-        for name, (m, bands) in zip(set_rows, pool.map(set_metrics, list(set_rows))):
-            c.kernel_sets[name].metrics, c.kernel_sets[name].intervals = m, bands
+    for name, (m, bands) in zip(set_rows, side_by_side(set_metrics, list(set_rows))):
+        c.kernel_sets[name].metrics, c.kernel_sets[name].intervals = m, bands
     c = with_kernels(c, c.kernels)          # the active set's bands mirrored
     metrics = {"train": {}, "heldout": {}}
     step_table = None
