@@ -6,8 +6,17 @@
 #
 # Python's cycle collector tuned as in a roofcal process (cli.main.batch_gc): the test command
 # 2:02 → 1:39 (870 passed, programs on disk), the largest worker's peak memory 3.40 → 3.52 GB
+#
+# roofcal.programs' store is off here and in the commands the tests run (ROOFCAL_PROGRAMS=off;
+# tests/test_programs.py turns it on in a folder of its own): it keys programs by roofcal's
+# source, so after every edit the suite compiled its ≈ 500 programs afresh (2:30–2:38 instead of
+# 1:34–1:39) where JAX's cache, keyed by the lowered program, still had most; warm, the suite
+# runs no faster with it
+import os
+
 from roofcal.cli.main import batch_gc, enable_compilation_cache, jax_defaults
 
+os.environ["ROOFCAL_PROGRAMS"] = "off"
 jax_defaults()
 enable_compilation_cache()
 batch_gc()

@@ -20,8 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from roofcal.programs import stored
 
-@partial(jax.jit, static_argnames=("loss_fn", "length", "lr", "total", "final"))
+
+@stored(static_argnames=("loss_fn", "length", "lr", "total", "final"))
 def _adam_block(loss_fn, params, state, data, length, lr, total, final):
     opt = optax.adam(optax.cosine_decay_schedule(lr, total, final))
 
@@ -78,7 +80,7 @@ def _lbfgs():
 FAILED_SEARCHES = 2
 
 
-@partial(jax.jit, static_argnames=("loss_fn", "length"))
+@stored(static_argnames=("loss_fn", "length"))
 def _lbfgs_block(loss_fn, params, state, fails, data, length):
     """Up to ``length`` L-BFGS iterations; fewer when :data:`FAILED_SEARCHES` line searches in
     a row fail (``fails``: failures in a row so far). Returns (params, state, fails, the loss
@@ -115,7 +117,7 @@ def _strong(tree):
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.result_type(x)), tree)
 
 
-@jax.jit
+@stored
 def _lbfgs_init(params):
     """The L-BFGS state at ``params``, strongly typed (one program, not one per array)."""
     return _strong(_lbfgs().init(params))

@@ -14,9 +14,11 @@ from roofcal.errors import RoofcalError, RoofcalWarning
 
 
 def enable_compilation_cache() -> None:
-    """Keep XLA's compiled programs on disk (``$ROOFCAL_CACHE``, default ``~/.cache/roofcal``),
-    so repeated fits skip compilation (outputs are identical either way). ``ROOFCAL_CACHE=off``
-    disables it."""
+    """Keep XLA's compiled programs on disk (``$ROOFCAL_CACHE``, default ``~/.cache/roofcal``):
+    JAX's cache in ``jax/``, :mod:`roofcal.programs`' in ``programs/``, so repeated fits skip
+    compilation (outputs are identical either way). ``ROOFCAL_CACHE=off`` disables both;
+    ``ROOFCAL_PROGRAMS=off`` the second alone (keyed by roofcal's source, it compiles its programs
+    afresh after every edit of roofcal, where JAX's cache still holds those that did not change)."""
     import os
     where = os.environ.get("ROOFCAL_CACHE", os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "roofcal"))
@@ -28,6 +30,9 @@ def enable_compilation_cache() -> None:
         return                                 # read-only home: run without the cache
     # every program, however quick to compile: a few-shot fit compiles ≈ 35 programs of
     # 10–50 ms each, ≈ 1.3 s of its 7 s, which a cache under 0.2 s never kept
+    from roofcal import programs                # whole programs, found without tracing
+    if os.environ.get("ROOFCAL_PROGRAMS", "").lower() not in ("off", "0", "none"):
+        programs.keep_in(os.path.join(where, "programs"))
     settings = {"jax_compilation_cache_dir": os.path.join(where, "jax"),
                 "jax_persistent_cache_min_compile_time_secs": 0.0}
     if "jax" in sys.modules:                   # already imported (roofcal called in-process)

@@ -6,7 +6,6 @@ padded batch size, and vectorised over the steps of a :class:`~roofcal.physics.s
 
 from __future__ import annotations
 
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ from roofcal.physics.decompose import step_ops
 from roofcal.physics.hardware import GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
 from roofcal.physics.steps import StepBatch, step_totals
+from roofcal.programs import stored
 
 #: breakdown column for the step-level overheads
 OVERHEAD = "overhead"
@@ -117,7 +117,7 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
 
 #: :func:`combine` compiled: one program per (model, TP) and step count, where a step level is
 #: computed outside a trace (a fit's start and metrics; :func:`kernel_breakdown`)
-combined = jax.jit(combine, static_argnames=("model", "tp"))
+combined = stored(combine, static_argnames=("model", "tp"))
 
 
 def gpu_side(out: dict):
@@ -185,7 +185,7 @@ def step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch:
     return {k: v[:batch.num_steps] for k, v in out.items()}
 
 
-@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+@stored(static_argnames=("model", "gpu", "tp"))
 def _step_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch) -> dict:
     """:func:`step_breakdown` of ``batch`` as given: one compiled program per (model, GPU, TP)
     and batch shape."""
@@ -211,7 +211,7 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
     return jax.tree_util.tree_map(lambda v: v[:batch.num_steps], (t, times))
 
 
-@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+@stored(static_argnames=("model", "gpu", "tp"))
 def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
     """:func:`kernel_breakdown` of ``batch`` as given."""
     t, _, _, kernels = _kernel_part(params, model, gpu, tp, batch)

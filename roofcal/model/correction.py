@@ -35,11 +35,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from roofcal.programs import stored
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,7 @@ def _recursion(n_desc: int, degree: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return levels
 
 
-@partial(jax.jit, static_argnames=("degree",))
+@stored(static_argnames=("degree",))
 def features(z, lo, hi, degree: int) -> jnp.ndarray:
     """Polynomial features (..., terms) of ``z`` clamped to [lo, hi], in :func:`exponents` order."""
     zc = jnp.clip(z, lo, hi)
@@ -327,7 +329,7 @@ def op_time(p: dict, kind: str, shape, tc, tm):
     return corrected_time(p, ec, em, tc, tm)
 
 
-@jax.jit
+@stored
 def op_time_z(p: dict, z, tc, tm):
     """:func:`op_time` from standardized shapes ``z``."""
     ec, em = efficiencies_z(p, z)

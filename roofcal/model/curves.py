@@ -114,6 +114,11 @@ class Curves(Mapping):
     def __len__(self):
         return len(self._c)
 
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of λ, keys and values: what equal curves share (and a stored program's key)."""
+        return self._digest
+
     def __hash__(self):
         return hash(self._digest)
 

@@ -28,6 +28,7 @@ from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
 from roofcal.physics.decompose import step_ops
 from roofcal.physics.steps import Step, batch_steps, given_by, group_by_deployment, read_steps
+from roofcal.programs import stored
 
 
 def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False,
@@ -185,7 +186,7 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
 # --------------------------------------------------------------------------------------------
 # per-op rows
 
-@partial(jax.jit, static_argnames=("op", "dtype", "peak", "bw", "max_experts"))
+@stored(static_argnames=("op", "dtype", "peak", "bw", "max_experts"))
 def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float, max_experts: int):
     """(ideal compute µs, ideal memory µs, standardized shape z) of rows, in one compiled call."""
     w = row_work(op, dtype, cols, max_experts)

@@ -34,10 +34,10 @@ def test_batches_of_similar_size_share_one_program_and_keep_their_values():
     c = C.resolve_stack(C.load(COEFFS), None, required=True)
     spec, gpu = load_model("llama-2-7b-hf"), load_gpu("h100_sxm")
     a, b = batch_steps(STEPS), batch_steps(STEPS * 5, pad_decode=100)   # (3, 1, 16), (15, 1, 100)
-    before = _step_breakdown._cache_size()
+    before = _step_breakdown.programs()
     ta = np.asarray(step_breakdown(c.params, spec, gpu, 1, a)["total"])
     tb = np.asarray(step_breakdown(c.params, spec, gpu, 1, b)["total"])
-    assert _step_breakdown._cache_size() - before <= 1       # one (512, 8, 128) program, not two
+    assert _step_breakdown.programs() - before <= 1       # one (512, 8, 128) program, not two
     assert ta.shape == (3,) and tb.shape == (15,)
     alone = np.asarray(_step_breakdown(c.params, spec, gpu, 1, a)["total"])
     np.testing.assert_allclose(ta, alone, rtol=1e-6)

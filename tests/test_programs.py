@@ -1,0 +1,197 @@
+"""roofcal.programs: compiled programs kept whole on disk and found again without tracing."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from roofcal import programs as P
+from roofcal.model import correction as K
+from roofcal.model.curves import Curves
+from roofcal.physics.config import load_model
+
+Z = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)
+LO, HI = np.full(3, -0.5, np.float32), np.full(3, 0.8, np.float32)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """The store in an empty folder, this process's loaded programs set aside (and put back)."""
+    folder, loaded, used = P.folder(), dict(P._loaded), set(P._used)
+    P.keep_in(tmp_path / "programs")
+    P._loaded.clear()
+    P._used.clear()
+    yield tmp_path / "programs"
+    P.keep_in(folder)
+    P._loaded.clear()
+    P._loaded.update(loaded)
+    P._used.clear()
+    P._used.update(used)
+
+
+def files(store) -> list:
+    """The programs in the store (none before the first is written)."""
+    return sorted(store.rglob("*.xla"))
+
+
+def traces(fn):
+    """(what ``fn()`` returns, how many functions JAX traced meanwhile)."""
+    seen = []
+
+    def listen(event, duration, **kw):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            seen.append(1)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        out = fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return out, len(seen)
+
+
+def test_a_stored_program_is_read_back_without_tracing_and_computes_the_same(store):
+    expected = np.asarray(K.features.jitted(Z, LO, HI, 3))
+    first, traced = traces(lambda: np.asarray(K.features(Z, LO, HI, 3)))
+    assert traced == 1 and [p.suffix for p in files(store)] == [".xla"]
+    P._loaded.clear()                                   # as a new process finds it: on disk only
+    again, traced = traces(lambda: np.asarray(K.features(Z, LO, HI, 3)))
+    assert traced == 0
+    assert first.tobytes() == expected.tobytes() == again.tobytes()
+    assert again.shape == (4, 20)                       # 1 + 3 + 6 + 10 monomials of degree ≤ 3
+
+
+def test_another_process_reads_the_program_one_wrote(store):
+    K.features(Z, LO, HI, 2)
+    script = ("import sys, jax, numpy as np\n"
+              "from roofcal.cli.main import jax_defaults; jax_defaults()\n"
+              "from roofcal import programs as P; from roofcal.model import correction as K\n"
+              f"P.keep_in({str(store)!r})\n"
+              "seen = []\n"
+              "jax.monitoring.register_event_duration_secs_listener(lambda e, d, **k: seen.append(e))\n"
+              "z = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)\n"
+              "out = K.features(z, np.full(3, -0.5, np.float32), np.full(3, 0.8, np.float32), 2)\n"
+              "print(seen.count('/jax/core/compile/jaxpr_trace_duration'), np.asarray(out).tobytes().hex())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "JAX_PERSISTENT"))}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    traced, values = out.stdout.split()
+    assert traced == "0"
+    assert values == np.asarray(K.features.jitted(Z, LO, HI, 2)).tobytes().hex()
+
+
+def test_each_shape_static_argument_dtype_and_setting_is_a_program_of_its_own(store):
+    K.features(Z, LO, HI, 2)
+    K.features(Z, LO, HI, 2)                            # the same: no new file
+    assert len(list(files(store))) == 1
+    K.features(Z[:3], LO, HI, 2)                        # 3 rows, not 4
+    K.features(Z, LO, HI, 3)                            # another degree
+    K.features(Z.astype(np.float16), LO, HI, 2)         # another dtype
+    with jax.default_matmul_precision("highest"):       # another setting of JAX's
+        K.features(Z, LO, HI, 2)
+    assert len(list(files(store))) == 5
+    assert K.features.programs() >= 5
+
+
+def test_inside_a_trace_it_is_part_of_the_caller_program(store):
+    def total(z):
+        return jnp.sum(K.features(z, LO, HI, 2))
+    g = jax.jit(jax.grad(total))(Z)
+    assert list(files(store)) == []                  # traced into the caller's program
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(
+        lambda z: jnp.sum(K.features.jitted(z, LO, HI, 2)))(Z)), rtol=1e-6)
+
+
+def test_a_damaged_file_is_compiled_again_and_rewritten(store):
+    expected = np.asarray(K.features(Z, LO, HI, 2))
+    (path,) = files(store)
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 2])    # truncated
+    P._loaded.clear()
+    again, traced = traces(lambda: np.asarray(K.features(Z, LO, HI, 2)))
+    assert traced == 1 and again.tobytes() == expected.tobytes()
+    assert path.stat().st_size > size // 2              # rewritten whole: read back untraced
+    P._loaded.clear()
+    assert traces(lambda: K.features(Z, LO, HI, 2))[1] == 0
+
+
+def test_off_unkeyable_or_unwritable_it_runs_through_jax_jit(store, tmp_path):
+    def local_objective(p, data):                       # a test's function: its source is not keyed
+        return jnp.sum((p["x"] - data) ** 2)
+    from roofcal.calibration import optim
+    p = {"x": jnp.zeros(2, jnp.float32)}
+    state, fails = optim._lbfgs_init(p), jnp.zeros((), jnp.int32)
+    q, *_ = optim._lbfgs_block(local_objective, p, state, fails, jnp.asarray([1.0, 2.0]), 20)
+    np.testing.assert_allclose(np.asarray(q["x"]), [1.0, 2.0], atol=1e-5)
+    assert [f.name.split("-")[0] for f in files(store)] == ["lbfgs_init"]
+    P.keep_in(None)
+    K.features(Z, LO, HI, 4)
+    assert len(list(files(store))) == 1
+    locked = tmp_path / "locked"
+    locked.write_text("a file where the folder would be")
+    P.keep_in(locked / "programs")
+    out = np.asarray(K.features(Z, LO, HI, 4))
+    assert out.tobytes() == np.asarray(K.features.jitted(Z, LO, HI, 4)).tobytes()
+
+
+def test_keys_are_texts_of_values_not_of_addresses():
+    m = load_model("llama-2-7b-hf")
+    assert P.text_of(m) == P.text_of(load_model("llama-2-7b-hf")) != P.text_of(load_model("llama-2-70b-hf"))
+    assert P.text_of(m).startswith("roofcal.physics.config.ModelSpec(name=str:'llama-2-7b-hf',num_layers=int:32,")
+    a = Curves({(1.0,): ([1.0, 2.0], [0.1, -0.1])})
+    assert P.text_of(a) == P.text_of(Curves({(1.0,): ([1.0, 2.0], [0.1, -0.1])})) \
+        != P.text_of(Curves({(1.0,): ([1.0, 2.0], [0.1, -0.2])}))
+    assert P.text_of({"b": 1, "a": (2, 0.5)}) == "dict(str:'a'=tuple(int:2,float:0.5),str:'b'=int:1)"
+    assert P.text_of(np.float32(0.5)) != P.text_of(np.float64(0.5))
+    for x in (object(), lambda: 0, test_keys_are_texts_of_values_not_of_addresses):
+        with pytest.raises(P.Unkeyable):
+            P.text_of(x)
+
+
+def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
+    """The L-BFGS blocks of a kernel fit (40 all-reduce rows), compiled for the store, read back
+    from it, and through ``jax.jit`` with the store off: the same parameters to the bit."""
+    from roofcal.calibration.fit import FitSettings, fit_one, kernel_data
+    from roofcal.measurements.ops import read_ops
+    from roofcal.physics.hardware import load_gpu
+    t = read_ops("data/microbench/h100_sxm/vllm-0.24.0/custom_allreduce_perf.parquet").iloc[:40]
+    settings = FitSettings(progress=False, kernel_iters=100)
+    d = next(iter(kernel_data(t.reset_index(drop=True), load_gpu("h100_sxm"), np.zeros(len(t), bool),
+                              settings).values()))
+
+    def fitted():
+        p = fit_one(d, settings)
+        return b"".join(np.asarray(p[k]).tobytes() for k in sorted(p))
+    compiled = fitted()
+    assert {f.name.split("-")[0] for f in files(store)} >= {"lbfgs_block", "lbfgs_init"}
+    P._loaded.clear()
+    read, traced = traces(fitted)
+    assert traced == 0 and read == compiled
+    P.keep_in(None)
+    assert fitted() == compiled
+
+
+def test_the_store_keeps_the_last_used_sources(store):
+    """Programs of each roofcal source sit in a subfolder of their own; a write removes those of
+    other sources but the KEEP_SOURCES − 1 last used."""
+    for i in range(6):
+        old = store / f"source{i}"
+        old.mkdir(parents=True)
+        (old / "x.xla").write_bytes(b"x")
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))          # source5 the last used
+    K.features(Z, LO, HI, 1)
+    kept = sorted(p.name for p in store.iterdir())
+    assert kept == sorted([P.SOURCE[:16]] + [f"source{i}" for i in range(6 - P.KEEP_SOURCES + 1, 6)])
+    assert P.SOURCE == P.source_digest()
+
+
+@pytest.mark.parametrize("cache, switch, expected", [
+    ("{tmp}", "", "{tmp}/programs"), ("{tmp}", "off", "None"), ("off", "", "None")])
+def test_the_commands_keep_programs_beside_jax_cache_unless_told_not_to(tmp_path, cache, switch, expected):
+    env = {**os.environ, "ROOFCAL_CACHE": cache.format(tmp=tmp_path), "ROOFCAL_PROGRAMS": switch}
+    script = ("from roofcal.cli.main import enable_compilation_cache; enable_compilation_cache(); "
+              "from roofcal import programs; print(programs.folder())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == expected.format(tmp=tmp_path)
