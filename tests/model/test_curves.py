@@ -324,3 +324,32 @@ def test_curve_lines_are_written_number_by_number():
     block = curves.to_dict("gemm", cv)["curves"]
     want = [(one(k), one(a), one(curves.stored(r))) for k, (a, r) in sorted(cv.items())]
     assert [(b["shape"], b["at"], b["log_ratio"]) for b in block] == want and len(want) > 100
+
+
+def test_curve_lines_this_process_wrote_read_back_as_the_numbers_they_were_written_from():
+    """``from_dict`` of lines ``to_dict`` wrote hands back the curves those lines were written
+    from (rounded as stored) instead of parsing them again: the same keys, positions and
+    log-ratios as parsing gives, on every curve set of the shipped file (both kernel sets);
+    lines changed by one digit are parsed."""
+    from roofcal.model.coeffs import as_read
+    c = CI.load("coeffs/h100_sxm.yaml")
+    sets = [(k, p["curves"]) for ks in c.kernel_sets.values() for k, p in ks.ops.items() if "curves" in p]
+    assert len(sets) >= 20
+    for key, cv in sets:
+        kind = key.split("/")[0]
+        curves._LINES.clear()
+        curves._READ.clear()
+        block = as_read(curves.to_dict(kind, cv))
+        known = curves.from_dict(kind, block, "test")
+        assert known is next(iter(curves._READ.values()))
+        curves._READ.clear()
+        parsed = curves.from_dict(kind, block, "test")
+        assert known == parsed and list(known) == list(parsed)          # digests: λ, keys, values
+        for shape in list(parsed)[:50]:
+            assert all(np.array_equal(a, b) for a, b in zip(known[shape], parsed[shape]))
+    curves.to_dict(kind, cv)
+    block = as_read(curves.to_dict(kind, cv))
+    first = block["curves"][0]
+    first["log_ratio"] = "9" + first["log_ratio"].lstrip("-")
+    changed = curves.from_dict(kind, block, "test")
+    assert changed != cv and changed[next(iter(changed))][1][0] >= 9.0
