@@ -37,6 +37,12 @@ def _adam_block(loss_fn, params, state, data, length, lr, total, final):
     return params, state, values[-1]
 
 
+@stored(static_argnames=("lr", "total", "final"))
+def _adam_init(params, lr, total, final):
+    """Adam's state at ``params`` (one program, not one per array)."""
+    return optax.adam(optax.cosine_decay_schedule(lr, total, final)).init(params)
+
+
 def minimize(loss_fn: Callable, params, data, steps: int, lr: float, desc: str = "fit",
              chunks: int = 10, progress: bool = True, final_lr_fraction: float = 0.01):
     """Minimise ``loss_fn(params, data)`` with Adam; returns (params, final loss).
@@ -46,7 +52,7 @@ def minimize(loss_fn: Callable, params, data, steps: int, lr: float, desc: str =
     """
     per = max(1, steps // chunks)
     total = per * chunks
-    state = optax.adam(optax.cosine_decay_schedule(lr, total, final_lr_fraction)).init(params)
+    state = _adam_init(params, lr, total, final_lr_fraction)
     bar = None
     if progress:
         from tqdm import tqdm

@@ -69,7 +69,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from roofcal import __version__
@@ -479,13 +478,12 @@ def step_from_dict(step, src: str, where: str = "step") -> dict:
             raise RoofcalError(f"{src}: field '{where}.kernel_scales.{n}' must be > 0, got {v!r}")
         scales.append(math.log(v))
     mix = _finite(step.get("mix_sharpness"), f"{src}: field '{where}.mix_sharpness'", 1.0)
-    out = {"overheads": jnp.asarray([math.log(max(x, 1e-9)) for x in o], jnp.float32),
-           "scales": jnp.asarray(scales, jnp.float32),
-           "mix": jnp.asarray(K.softplus_inv(max(mix - 1.0, 1e-9)), jnp.float32)}
+    out = {"overheads": np.asarray([math.log(max(x, 1e-9)) for x in o]), "scales": np.asarray(scales),
+           "mix": K.softplus_inv(max(mix - 1.0, 1e-9))}
     q = _finite(step.get("overlap_sharpness", 1.0), f"{src}: field '{where}.overlap_sharpness'", 1.0)
     if q > 1.0:
-        out["overlap"] = jnp.asarray(K.softplus_inv(q - 1.0), jnp.float32)
-    return out
+        out["overlap"] = K.softplus_inv(q - 1.0)
+    return K.on_device(out)                  # float32, built on the host: no XLA program
 
 
 def stack_from_dict(d, src: str, name: str) -> Stack:

@@ -208,7 +208,8 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
     read."""
     kernels = {k: v for k, v in params.items() if k != "step"}
     t, times = _kernel_breakdown(kernels, model, gpu, tp, padded(batch))
-    return jax.tree_util.tree_map(lambda v: v[:batch.num_steps], (t, times))
+    n = batch.num_steps                      # the real steps, cut on the host: no XLA program
+    return jax.tree_util.tree_map(lambda v: jax.device_put(np.asarray(v)[:n]), (t, times))
 
 
 @stored(static_argnames=("model", "gpu", "tp"))
