@@ -15,11 +15,11 @@ Off until :func:`keep_in` names a folder (the CLI: ``$ROOFCAL_CACHE/programs``, 
 not from JAX's cache, whose executables serialize without their code — and writes it atomically.
 A call inside a trace, a static argument or pytree node this module cannot key (a function from
 outside roofcal, whose source is not in the key), a program that does not serialize and a file
-that does not load fall back to ``jax.jit``: slower, never wrong. A stored function must do
-nothing but compute while it is traced: what a trace records on the side (``domain.step_numeric``'s
-labels) does not happen when the program comes from the store, so such functions stay on
-``jax.jit``. The folder is safe to delete; it grows by a set of files per roofcal source (a
-changed file is a new key).
+that does not load fall back to ``jax.jit``: slower, never wrong. What a trace records on the
+side does not happen when the program comes from the store: ``domain.step_numeric`` records its
+column labels while traced, so ``domain.step_flags`` traces it alone for them (no compile) when
+``predict.step_outputs`` came from the store. The folder is safe to delete; it keeps the programs
+of the last few roofcal sources (a changed file is a new key).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """roofcal.programs: compiled programs kept whole on disk and found again without tracing."""
 
+import csv
+import io
 import os
 import subprocess
 import sys
@@ -195,3 +197,25 @@ def test_the_commands_keep_programs_beside_jax_cache_unless_told_not_to(tmp_path
               "from roofcal import programs; print(programs.folder())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == expected.format(tmp=tmp_path)
+
+
+def test_a_prediction_from_stored_programs_is_the_prediction_without_them(tmp_path):
+    """``roofcal predict`` (times and the out-of-domain flags, whose column labels the step
+    program records while traced) run twice with the store — compiling, then reading — and once
+    with it off: the same CSV to the byte."""
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text('{"prefill": [[2048, 0]], "decode": []}\n{"prefill": [[65536, 0]], "decode": [100, 70000]}\n')
+
+    def predicted(name, switch):
+        env = {**os.environ, "ROOFCAL_CACHE": str(tmp_path / "cache"), "ROOFCAL_PROGRAMS": switch}
+        out = tmp_path / name
+        subprocess.run([sys.executable, "-m", "roofcal.cli", "predict", "--model", "llama-2-70b-hf", "--gpu",
+                        "h100_sxm", "--tp", "4", "--steps", str(steps), "--coeffs", "coeffs/h100_sxm.yaml",
+                        "--out", str(out)], env=env, check=True, capture_output=True)
+        return out.read_text()
+    compiled, read, off = predicted("a.csv", ""), predicted("b.csv", ""), predicted("c.csv", "off")
+    assert [f.name.split("-")[0] for f in files(tmp_path / "cache" / "programs")] == ["step_outputs"]
+    assert compiled == read == off
+    rows = list(csv.DictReader(io.StringIO(compiled)))
+    assert [r["ood_context"] for r in rows] == ["False", "True"]     # 70,000 tokens past 4,096
+    assert rows[1]["ood_what"] == "qkv_proj.m" and float(rows[1]["ood_shape"]) > 2.9   # 65,536 rows

@@ -203,7 +203,7 @@ def step_numeric(ops: dict, model, tp: int, batch: StepBatch, times: dict | None
     no-kernel-data count, longest sequence in tokens, the :class:`StepTotals`), each (S,);
     ``times``: the steps' breakdown (µs per component and ``total``), to leave out kernels
     under :data:`MATERIAL_SHARE` of a step. The column labels land in :data:`_LABELS` while
-    tracing."""
+    tracing (:func:`step_flags` traces it for them when its numbers came from a stored program)."""
     t = step_totals(batch, jnp)
     labels, cols, missing = _shape_columns(ops, step_ops(model, tp, t), times)
     _LABELS[(model, tp, jax.tree_util.tree_structure(ops))] = labels
@@ -272,7 +272,10 @@ def step_flags(c, model, gpu, tp: int, batch: StepBatch, numeric=None) -> dict:
     if numeric is None:
         numeric = step_numeric(ops, model, tp, batch, step_breakdown(c.params, model, gpu, tp, batch))
     dist, arg, missing, longest, totals = jax.tree_util.tree_map(np.asarray, numeric)
-    labels = _LABELS[(model, tp, jax.tree_util.tree_structure(ops))]
+    key = (model, tp, jax.tree_util.tree_structure(ops))
+    if key not in _LABELS:        # numbers of a stored program (roofcal.programs): trace, no compile
+        jax.eval_shape(lambda o, b: step_numeric(o, model, tp, b), ops, batch)
+    labels = _LABELS[key]
     dist = np.where(dist > TOLERANCE, dist.astype(np.float64), 0.0)
     what = np.asarray(labels + [""], object)[np.where(dist > 0, arg, len(labels))] if labels \
         else np.full(len(dist), "", object)

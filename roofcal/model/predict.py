@@ -4,7 +4,6 @@ and the corrected time of every row of a per-op table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -80,7 +79,7 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
         .reset_index(drop=True)
 
 
-@partial(jax.jit, static_argnames=("model", "gpu", "tp"))
+@stored(static_argnames=("model", "gpu", "tp"))
 def step_outputs(params: dict, model, gpu, tp: int, batch):
     """One compiled call for :func:`predict`: (:func:`~roofcal.model.combine.step_breakdown`,
     :func:`~roofcal.model.domain.step_numeric`) of a batch — the times and the numbers behind
