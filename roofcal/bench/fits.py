@@ -222,7 +222,9 @@ def throughput(coeffs, steps: int = 1_000_000) -> dict:
 def run(out: str | None = None, transfer: bool = True, traces_mb: float = 0) -> str:
     """Run every benchmark; returns the Markdown report (also printed section by section)."""
     import jax
-    jax.config.update("jax_enable_compilation_cache", False)        # honest cold timings
+    from roofcal import programs
+    jax.config.update("jax_enable_compilation_cache", False)        # honest cold timings:
+    programs.keep_in(None)                                          # no whole programs either
     sections = []
 
     def emit(title, body):
