@@ -6,7 +6,6 @@ padded batch size, and vectorised over the steps of a :class:`~roofcal.physics.s
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
