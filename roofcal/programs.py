@@ -18,8 +18,10 @@ outside roofcal, whose source is not in the key), a program that does not serial
 that does not load fall back to ``jax.jit``: slower, never wrong. What a trace records on the
 side does not happen when the program comes from the store: ``domain.step_numeric`` records its
 column labels while traced, so ``domain.step_flags`` traces it alone for them (no compile) when
-``predict.step_outputs`` came from the store. The folder is safe to delete; it keeps the programs
-of the last few roofcal sources (a changed file is a new key).
+``predict.step_outputs`` came from the store. A call costs ≈ 36 µs against ``jax.jit``'s 9 µs (its
+key is found in Python): for programs called hundreds of times a run, not in tight loops. The
+folder is safe to delete; it keeps the programs of the last few roofcal sources (a changed file is
+a new key).
 """
 
 from __future__ import annotations
