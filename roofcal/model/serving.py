@@ -136,7 +136,7 @@ def steady_state(t_decode, t_mixed, load: Load, alphas, first_token_cycles: floa
     ``alphas``: (α0 API ingestion, α1 post-decode, α2 per output token) in µs;
     ``first_token_cycles``: cycles between a step and its tokens reaching the client."""
     rate = load.rate * 1e-6                                     # requests/µs
-    out = _steady_state(t_decode, t_mixed, jnp.asarray(_chunks(load)), jnp.asarray(_chunk_sizes(load)),
+    out = _steady_state(t_decode, t_mixed, _chunks(load), _chunk_sizes(load),   # NumPy: no program
                         rate, rate * (load.output - 1), load.budget, load.output - 1,
                         alphas[0], alphas[1], alphas[2], first_token_cycles, load.max_seqs)
     return {**out, "api_us": alphas[0], "output_us": alphas[2]}  # as given, not through float32
