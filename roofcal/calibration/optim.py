@@ -23,7 +23,9 @@ import optax
 from roofcal.programs import stored
 
 
-@stored(static_argnames=("loss_fn", "length", "lr", "total", "final"))
+#: on jax.jit, not the store: its one caller's loss (fit.fit_steps) closes over the step data,
+#: which no key can name (programs.text_of)
+@partial(jax.jit, static_argnames=("loss_fn", "length", "lr", "total", "final"))
 def _adam_block(loss_fn, params, state, data, length, lr, total, final):
     opt = optax.adam(optax.cosine_decay_schedule(lr, total, final))
 

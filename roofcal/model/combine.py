@@ -203,8 +203,8 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
     step level alone, whose kernels do not move: ``combine(params["step"], model, tp, *parts)``
     (or :data:`combined`) is then :func:`step_breakdown`'s components, ``total`` and ``cpu`` at
     any step-level parameters, without the kernels in its program. Arrays of shape (S,),
-    computed :func:`padded` as :func:`step_breakdown` is; only ``params``' kernel entries are
-    read."""
+    computed :func:`padded` as :func:`step_breakdown` is and cut to the real steps on the host,
+    so called outside a trace; only ``params``' kernel entries are read."""
     kernels = {k: v for k, v in params.items() if k != "step"}
     t, times = _kernel_breakdown(kernels, model, gpu, tp, padded(batch))
     n = batch.num_steps                      # the real steps, cut on the host: no XLA program

@@ -513,7 +513,7 @@ def to_dict(kind: str, curves: dict) -> dict:
     """An op's curves as its file block: the axis, the shape descriptors, the ``shrink`` λ, and
     per measured shape its ``shape`` values, the axis values ``at`` and the ``log_ratio``
     ln(measured / surface), each a line of space-separated numbers."""
-    digest = getattr(curves, "_digest", None)          # what the lines are made of: λ, keys, values
+    digest = getattr(curves, "digest", None)           # what the lines are made of: λ, keys, values
     lines = _LINES.get((kind, digest)) if digest is not None else None
     if lines is None:
         items = sorted(curves.items())
