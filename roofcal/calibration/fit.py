@@ -44,7 +44,7 @@ from roofcal.metrics import error_summary, log_ratio_sq, split_groups
 from roofcal.model.combine import (NON_COMPONENT, combine, combined, kernel_breakdown,
                                    overhead_counts, step_breakdown)
 from roofcal.physics.kernels import groups
-from roofcal.model.predict import IdealTimes, ideal_times, predict_table
+from roofcal.model.predict import IdealTimes, ideal_times, op_rows, predict_table
 from roofcal.calibration.optim import lbfgs, minimize
 from roofcal.physics.steps import step_totals
 
@@ -230,7 +230,10 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
         lo, hi = ztr.min(0), ztr.max(0)
         deg = settings.degree_of(op)
         fac = S.factor(op, z, lo, hi, deg) if op in FACTORED_KINDS else None
-        f = K.features(z, lo, hi, deg) if fac is None else None
+        f = None
+        if fac is None:         # row-wise, computed padded: sets of similar size share a program
+            zp = np.pad(np.asarray(z, np.float32), ((0, op_rows(len(z)) - len(z)), (0, 0)))
+            f = np.asarray(K.features(zp, lo, hi, deg))[:len(z)]
         prepared.append((op, dt, idx, tc, tm, train, lo, hi, f, fac))
     rows, shapes = {}, {}
     for op, _, idx, *_, fac in prepared:

@@ -203,6 +203,8 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
             for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
     bound = experts_bound(cols["experts"]) if "experts" in cols else MAX_EXPERTS
+    if op == "allreduce":           # an all-reduce's work does not depend on its implementation
+        dtype = ""
     tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, dtype, cols, float(peak), float(bw), bound))
     return tc, tm, z
 
@@ -249,21 +251,19 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
     return IdealTimes(tc, tm, z)
 
 
-#: the most rows :func:`op_rows` pads to a power of 4 (× 256)
-OP_ROWS_COARSE = 65_536
+#: the row counts :func:`op_rows` pads a kernel group to, up to the last
+OP_ROW_SIZES = (256, 16_384, 65_536)
+OP_ROWS_COARSE = OP_ROW_SIZES[-1]
 
 
 def op_rows(n: int) -> int:
-    """Rows a kernel group is predicted padded to: the smallest 256·4ᵏ ≥ ``n`` up to 65,536 rows,
-    :func:`padded_size` beyond (≤ 25 % more: a large table's memory). A kernel's time over
-    16,384 rows costs ≈ 1–5 ms once compiled and ≈ 0.14 s to compile, so coarse sizes pay: a
-    fit's predictions compile 9 programs instead of 14."""
+    """Rows a kernel group is predicted padded to: the smallest of :data:`OP_ROW_SIZES` ≥ ``n``,
+    :func:`padded_size` beyond 65,536 (≤ 25 % more: a large table's memory). A kernel's time over
+    16,384 rows costs ≈ 1–5 ms once compiled and ≈ 0.14–0.4 s to compile, so coarse sizes pay:
+    a fit's predictions and features compile 11 programs instead of 18."""
     if n > OP_ROWS_COARSE:
         return padded_size(n)
-    size = 256
-    while size < n:
-        size *= 4
-    return size
+    return next(size for size in OP_ROW_SIZES if size >= n)
 
 
 def _op_times(p: dict, z, tc, tm) -> np.ndarray:

@@ -231,17 +231,18 @@ def test_step_files_of_one_deployment_share_a_program_and_keep_their_values():
 
 
 def test_kernel_groups_of_one_size_class_share_a_program_and_keep_their_values(monkeypatch):
-    """``predict_table`` computes a kernel group padded to ``op_rows``: 256·4ᵏ rows up to 65,536
-    (a fit's predictions: 9 programs instead of 14, ≈ 0.14 s each to compile), ``padded_size``
-    beyond (≤ 25 % more). Groups of 300 and 900 rows share the 1,024-row program; each row's value
-    is the one computed alone, unpadded."""
+    """``predict_table`` computes a kernel group padded to ``op_rows``: 256, 16,384 or 65,536
+    rows (a fit's predictions and features: 11 programs instead of 18, ≈ 0.14–0.4 s each to
+    compile), ``padded_size`` beyond (≤ 25 % more). Groups of 300 and 900 rows share the
+    16,384-row program; each row's value is the one computed alone, unpadded."""
     import pandas as pd
     from roofcal.model import coeffs as C
     from roofcal.model import correction as K
     from roofcal.model import curves
     from roofcal.model.combine import padded_size
     from roofcal.model.predict import ideal_times, op_rows, predict_table
-    assert [op_rows(n) for n in (1, 256, 257, 1024, 5000, 65_536)] == [256, 256, 1024, 1024, 16_384, 65_536]
+    assert [op_rows(n) for n in (1, 256, 257, 1024, 5000, 16_385, 65_536)] == \
+        [256, 256, 16_384, 16_384, 16_384, 65_536, 65_536]
     assert op_rows(65_537) == padded_size(65_537) == 81_920
     c = C.load("coeffs/a100_sxm.yaml")
     ops = c.kernel_sets[c.kernels].ops
@@ -254,7 +255,7 @@ def test_kernel_groups_of_one_size_class_share_a_program_and_keep_their_values(m
     rows_seen, jitted = [], K.op_time_z
     monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm: rows_seen.append(len(tc)) or jitted(p, z, tc, tm))
     pa, pb = (predict_table(t, params, gpu, surface=True)["surface_us"].to_numpy() for t in (a, b))
-    assert rows_seen == [1024, 1024]                                 # one program's shapes
+    assert rows_seen == [16_384, 16_384]                             # one program's shapes
     monkeypatch.undo()
     z_tc_tm = ideal_times(gpu, b).rows("gemm", np.arange(len(b)))
     alone = np.asarray(K.op_time_z(curves.surface_only(ops["gemm/bf16"]), *z_tc_tm[2:], *z_tc_tm[:2]))
