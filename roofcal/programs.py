@@ -80,21 +80,35 @@ def folder() -> Path | None:
 JIT = "jit"
 
 
-def stored(fn=None, *, static_argnames=()):
+#: XLA's options for a program compiled for its compile time (``stored(…, fast_compile=True)``):
+#: LLVM without its optimisation passes. For programs run once or twice a process, whose
+#: compiling is their cost: ``combine.kernel_breakdown``'s took 1.9 s of CPU (2 cores) at the
+#: default level, 1.2 s at this one, and runs in 1–2 ms either way. Its floats may differ from
+#: the optimised program's in the last bit (docs/limits.md, "Fit speed").
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def stored(fn=None, *, static_argnames=(), fast_compile=False):
     """Decorator: :class:`Stored` ``fn`` (``@stored`` or ``@stored(static_argnames=(…))``)."""
     if fn is None:
-        return functools.partial(stored, static_argnames=static_argnames)
-    return Stored(fn, static_argnames)
+        return functools.partial(stored, static_argnames=static_argnames, fast_compile=fast_compile)
+    return Stored(fn, static_argnames, fast_compile)
 
 
 class Stored:
     """``jax.jit(fn, static_argnames=…)`` whose compiled programs are kept in the store (module
-    docstring); called like ``fn``. ``jitted`` is the plain ``jax.jit`` function."""
+    docstring); called like ``fn``. ``jitted`` is the plain ``jax.jit`` function, which a call
+    inside another trace uses; with ``fast_compile`` a call outside one compiles with
+    :data:`FAST_COMPILE` (``top``)."""
 
-    def __init__(self, fn, static_argnames=()):
+    def __init__(self, fn, static_argnames=(), fast_compile=False):
         import jax
         self.fn, self.static = fn, tuple(static_argnames)
+        self.options = dict(FAST_COMPILE) if fast_compile else None
+        self.variant = tuple(sorted((self.options or {}).items()))    # in the in-process key
         self.jitted = jax.jit(fn, static_argnames=self.static)
+        self.top = self.jitted if self.options is None else \
+            jax.jit(fn, static_argnames=self.static, compiler_options=self.options)
         self.signature = inspect.signature(fn)
         if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values()):
             raise TypeError(f"{fn.__qualname__}: stored functions take plain parameters only")
@@ -102,7 +116,7 @@ class Stored:
 
     def __call__(self, *args, **kwargs):
         import jax
-        if _folder is None or jax.config.jax_disable_jit:
+        if jax.config.jax_disable_jit or (_folder is None and self.options is None):
             return self.jitted(*args, **kwargs)
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -112,24 +126,28 @@ class Stored:
         leaves, treedef = jax.tree_util.tree_flatten(dynamic)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return self.jitted(*args, **kwargs)          # inside another trace: part of its program
-        here = (self.fn, statics, treedef, tuple(map(jax.typeof, leaves)), _configuration())
+        if _folder is None:
+            return self.top(*args, **kwargs)
+        here = (self.fn, self.variant, statics, treedef, tuple(map(jax.typeof, leaves)), _configuration())
         try:
             program = _loaded.get(here)
         except TypeError:                                # an unhashable static argument
-            return self.jitted(*args, **kwargs)
+            return self.top(*args, **kwargs)
         if program is None:
             program = self._program(here, bound.args)
-        return self.jitted(*args, **kwargs) if program is JIT else program(*dynamic)
+        return self.top(*args, **kwargs) if program is JIT else program(*dynamic)
 
     def lower(self, *args, **kwargs):
-        """``jax.jit``'s ``lower``: the program traced and lowered, not stored."""
-        return self.jitted.lower(*args, **kwargs)
+        """``jax.jit``'s ``lower`` (of ``top``): the program traced and lowered, not stored."""
+        return self.top.lower(*args, **kwargs)
 
     def programs(self) -> int:
         """How many programs of ``fn`` this process holds: from the store or compiled for it, and
         through ``jax.jit`` (the store off, or a call inside a trace)."""
         with _lock:
-            return self.jitted._cache_size() + sum(1 for k in _loaded if k[0] is self.fn)
+            top = 0 if self.top is self.jitted else self.top._cache_size()
+            return self.jitted._cache_size() + top + \
+                sum(1 for k in _loaded if k[0] is self.fn and k[1] == self.variant)
 
     def _program(self, here, ordered):
         """The program of in-process key ``here`` for the positional arguments ``ordered``: from
@@ -153,10 +171,10 @@ class Stored:
 
     def key(self, here) -> str:
         """The SHA-256 that names in-process key ``here``'s program in the store."""
-        _, statics, treedef, avals, config = here
+        _, _, statics, treedef, avals, config = here
         text = "\n".join([environment(), text_of(self.fn), text_of(statics), tree_text(treedef),
                           ";".join(f"{a.dtype.name}{list(a.shape)}{'~' if a.weak_type else ''}" for a in avals),
-                          text_of(config)])
+                          text_of(config), text_of(self.options or {})])
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _compile(self, path: Path, ordered):
@@ -169,7 +187,8 @@ class Stored:
         fresh = types.FunctionType(self.fn.__code__, self.fn.__globals__,
                                    f"{self.fn.__name__}_{uuid.uuid4().hex[:12]}",
                                    self.fn.__defaults__, self.fn.__closure__)
-        compiled = jax.jit(fresh, static_argnames=self.static).lower(*ordered).compile()
+        compiled = jax.jit(fresh, static_argnames=self.static,
+                           compiler_options=self.options).lower(*ordered).compile()
         try:
             blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled), protocol=4), 6)
         except Exception:

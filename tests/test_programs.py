@@ -119,6 +119,25 @@ def test_a_damaged_file_is_compiled_again_and_rewritten(store):
     assert traces(lambda: K.features(Z, LO, HI, 2))[1] == 0
 
 
+def test_a_fast_compiled_program_is_kept_apart_and_its_calls_inside_traces_are_not(store):
+    """``fast_compile`` (``combine.kernel_breakdown``, ``combine.combined``): called outside a
+    trace, XLA compiles it with ``FAST_COMPILE``, its own key; inside a trace it is part of the
+    caller's program, which ``compiler_options`` may not be given to. Its values are the
+    optimised program's up to the last bit; the store's and the unstored ones are the same."""
+    fast = P.stored(K.features.fn, static_argnames=("degree",), fast_compile=True)
+    out = np.asarray(fast(Z, LO, HI, 3))
+    np.testing.assert_allclose(out, np.asarray(K.features.jitted(Z, LO, HI, 3)), rtol=1e-6)
+    K.features(Z, LO, HI, 3)
+    assert len(files(store)) == 2                       # the same function, shapes, statics
+    total = jax.jit(lambda z: jnp.sum(fast(z, LO, HI, 3)))(Z)
+    assert len(files(store)) == 2 and np.isclose(float(total), out.sum(), rtol=1e-6)
+    P._loaded.clear()
+    again, traced = traces(lambda: np.asarray(fast(Z, LO, HI, 3)))
+    assert traced == 0 and again.tobytes() == out.tobytes()
+    P.keep_in(None)
+    assert np.asarray(fast(Z, LO, HI, 3)).tobytes() == out.tobytes()
+
+
 def test_off_unkeyable_or_unwritable_it_runs_through_jax_jit(store, tmp_path):
     def local_objective(p, data):                       # a test's function: its source is not keyed
         return jnp.sum((p["x"] - data) ** 2)

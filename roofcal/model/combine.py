@@ -115,8 +115,9 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
 
 
 #: :func:`combine` compiled: one program per (model, TP) and step count, where a step level is
-#: computed outside a trace (a fit's start and metrics; :func:`kernel_breakdown`)
-combined = stored(combine, static_argnames=("model", "tp"))
+#: computed outside a trace (a fit's start and metrics; :func:`kernel_breakdown`); run a few
+#: times a fit, so compiled for its compile time (``programs.FAST_COMPILE``)
+combined = stored(combine, static_argnames=("model", "tp"), fast_compile=True)
 
 
 def gpu_side(out: dict):
@@ -211,9 +212,10 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
     return jax.tree_util.tree_map(lambda v: jax.device_put(np.asarray(v)[:n]), (t, times))
 
 
-@stored(static_argnames=("model", "gpu", "tp"))
+@stored(static_argnames=("model", "gpu", "tp"), fast_compile=True)
 def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
-    """:func:`kernel_breakdown` of ``batch`` as given."""
+    """:func:`kernel_breakdown` of ``batch`` as given; run once or twice a fit, so compiled for
+    its compile time (``programs.FAST_COMPILE``)."""
     t, _, _, kernels = _kernel_part(params, model, gpu, tp, batch)
     return t, kernels
 
