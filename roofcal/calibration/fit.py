@@ -264,13 +264,14 @@ def grown(d: KernelData, rows: int, shapes: int) -> KernelData:
 
 
 #: kinds whose data is padded to one size across kernel sets, so both sets' fits of a kind share
-#: one compiled L-BFGS program (:func:`shared_sizes`): a program fewer costs ≈ 2 s of CPU less to
-#: compile (2 cores), more than the padded rows cost to run (GEMM 7,392 and 10,000 rows, MoE 9,526
-#: and 10,000 rows, 402 and 602 shapes; attention 4,348 / 4,366 against 12,903 / 10,526 rows,
-#: whose fits are latency-bound). Padding changes a fit's sums in the last bits: 0.14's attention
-#: moved by −0.006 to −0.002 points held out. The all-reduces' 55 against 101 rows would send
+#: one compiled L-BFGS program (:func:`shared_sizes`): where the sizes are close (GEMM 7,392 and
+#: 10,000 rows, MoE 9,526 and 10,000 rows, 402 and 602 shapes) a program fewer (≈ 1.4 s to compile,
+#: ≈ 0.3 s to trace and load) costs more than the padded rows. Attention (4,348 / 4,366 against
+#: 12,903 / 10,526 rows) is a trade, measured: 2 programs fewer, ≈ 4 s of CPU less to compile
+#: cold, but each warm fit 5 % slower (A/B 1.05, the padded rows computed at every step; held
+#: out, 0.14's attention −0.006 to −0.002 points); the all-reduces' 55 against 101 rows would send
 #: 0.14's eager all-reduce, bimodal, from its 2.3 % fit on the default split to its 3.8 % one
-SHARED_SIZE_KINDS = ("gemm", "moe", "attn_decode", "attn_prefill")
+SHARED_SIZE_KINDS = ("gemm", "moe")
 
 
 def shared_sizes(data: dict, kinds=SHARED_SIZE_KINDS) -> dict:
