@@ -82,8 +82,8 @@ JIT = "jit"
 
 #: XLA's options for a program compiled for its compile time (``stored(…, fast_compile=True)``):
 #: LLVM without its optimisation passes. For programs run once or twice a process, whose
-#: compiling is their cost: ``combine.kernel_breakdown``'s took 1.9 s of CPU (2 cores) at the
-#: default level, 1.2 s at this one, and runs in 1–2 ms either way. Its floats may differ from
+#: compiling is their cost: ``combine.kernel_breakdown``'s took 1.9–2.1 s of CPU at the
+#: default level, 1.1–1.2 s at this one, and runs in 1–2 ms either way. Its floats may differ from
 #: the optimised program's in the last bit (docs/limits.md, "Fit speed").
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
