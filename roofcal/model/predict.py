@@ -24,7 +24,7 @@ from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
 from roofcal.physics.config import check_tp, load_model
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.physics.kernels import OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
+from roofcal.physics.kernels import DTYPE_FREE, OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
 from roofcal.physics.decompose import step_ops
 from roofcal.physics.steps import Step, batch_steps, given_by, group_by_deployment, read_steps
 from roofcal.programs import stored
@@ -203,9 +203,8 @@ def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarr
     cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
             for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
     bound = experts_bound(cols["experts"]) if "experts" in cols else MAX_EXPERTS
-    if op == "allreduce":           # an all-reduce's work does not depend on its implementation
-        dtype = ""
-    tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, dtype, cols, float(peak), float(bw), bound))
+    work_dtype = "" if op in DTYPE_FREE else dtype
+    tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, work_dtype, cols, float(peak), float(bw), bound))
     return tc, tm, z
 
 
@@ -253,7 +252,6 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
 
 #: the row counts :func:`op_rows` pads a kernel group to, up to the last
 OP_ROW_SIZES = (256, 16_384, 65_536)
-OP_ROWS_COARSE = OP_ROW_SIZES[-1]
 
 
 def op_rows(n: int) -> int:
@@ -261,7 +259,7 @@ def op_rows(n: int) -> int:
     :func:`padded_size` beyond 65,536 (≤ 25 % more: a large table's memory). A kernel's time over
     16,384 rows costs ≈ 1–5 ms once compiled and ≈ 0.14–0.4 s to compile, so coarse sizes pay:
     a fit's predictions and features compile 11 programs instead of 18."""
-    if n > OP_ROWS_COARSE:
+    if n > OP_ROW_SIZES[-1]:
         return padded_size(n)
     return next(size for size in OP_ROW_SIZES if size >= n)
 

@@ -31,6 +31,9 @@ DTYPES = {
 }
 ALL_SHAPES = tuple(dict.fromkeys(c for cols in SHAPE_COLUMNS.values() for c in cols)) + ("skew",)
 BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4": 0.5}
+#: kinds whose work :func:`row_work` computes without their ``dtype`` (for an all-reduce, its
+#: implementation): rows of any of their dtypes share one compiled program
+DTYPE_FREE = frozenset({"allreduce"})
 
 
 def row_work(op: str, dtype: str, cols: dict, max_experts: int = MAX_EXPERTS) -> C.Work:
