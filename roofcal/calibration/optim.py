@@ -12,6 +12,7 @@ Objectives have the form ``loss_fn(params, data)`` with ``loss_fn`` a module-lev
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -131,22 +132,63 @@ def _lbfgs_init(params):
     return _strong(_lbfgs().init(params))
 
 
-def lbfgs(loss_fn: Callable, params, data, steps: int, chunks: int = 1, tol: float = 0.0):
-    """Minimise ``loss_fn(params, data)`` with optax L-BFGS; returns (params, final loss).
+@dataclass(frozen=True)
+class OnVector:
+    """``loss_fn(params, data)`` of a dict of float32 arrays, called with one vector that holds
+    them end to end (``layout``: their (name, shape) in that order). L-BFGS then keeps one array
+    of history, not one per leaf: each of its tree operations is one operation, so its program
+    is smaller to compile and each iteration a shorter chain. Hashable and keyed by value (a
+    static argument of the stored program)."""
+
+    loss_fn: Callable
+    layout: tuple
+
+    def __call__(self, x, data):
+        return self.loss_fn(unflattened(x, self.layout), data)
+
+
+def layout_of(params: dict) -> tuple:
+    """The (name, shape) of each array of ``params``, in name order."""
+    return tuple((k, tuple(np.shape(params[k]))) for k in sorted(params))
+
+
+def flattened(params: dict, layout: tuple):
+    """``params``' arrays end to end in one float32 vector, built on the host (no XLA program)."""
+    return jax.device_put(np.concatenate(
+        [np.asarray(params[k], np.float32).reshape(-1) for k, _ in layout]))
+
+
+def unflattened(x, layout: tuple) -> dict:
+    """The dict of arrays that :func:`flattened` laid into ``x`` (a traced or a host vector)."""
+    out, at = {}, 0
+    for name, shape in layout:
+        size = int(np.prod(shape, dtype=int))
+        out[name] = x[at:at + size].reshape(shape)
+        at += size
+    return out
+
+
+def lbfgs(loss_fn: Callable, params: dict, data, steps: int, chunks: int = 1, tol: float = 0.0):
+    """Minimise ``loss_fn(params, data)`` over a dict of float32 arrays with optax L-BFGS (on
+    them laid end to end: :class:`OnVector`); returns (params, final loss).
 
     ``steps`` iterations in ``chunks`` jitted blocks; with ``tol`` > 0 it stops after the first
     block that lowers the loss by less than ``tol`` (relative) — deterministic, as the blocks
     are fixed. It stops earlier, inside a block, once :data:`FAILED_SEARCHES` line searches in
     a row found no decrease."""
-    state = _lbfgs_init(params)
+    layout = layout_of(params)
+    on_vector = OnVector(loss_fn, layout)
+    x = flattened(params, layout)
+    state = _lbfgs_init(x)
     fails = jax.device_put(np.int32(0))        # on the host: no XLA program
     per = max(1, steps // chunks)
     value = float("nan")
     for _ in range(chunks):
-        params, state, fails, v, _ = _lbfgs_block(loss_fn, params, state, fails, data, per)
+        x, state, fails, v, _ = _lbfgs_block(on_vector, x, state, fails, data, per)
         last, value = value, float(v)
         if int(fails) >= FAILED_SEARCHES:
             break
         if tol > 0 and last == last and last - value < tol * abs(last):
             break
-    return params, value
+    found = unflattened(np.asarray(x), layout)          # on the host: no XLA program per slice
+    return {k: jax.device_put(v) for k, v in found.items()}, value

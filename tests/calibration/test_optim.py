@@ -78,3 +78,39 @@ def test_one_failed_search_does_not_end_the_run():
     q, value = optim.lbfgs(stiff, p, (), 20, chunks=2)
     np.testing.assert_allclose(np.asarray(q["x"]), [0.5, 0.5], atol=1e-6)
     assert value < 1e-8
+
+
+def _spread(p, data):
+    """Σ (a − 1)² + (b + 2)² + Σ 3·(c − 0.5)² over leaves of three shapes: minimum 0."""
+    return jnp.sum((p["a"] - 1.0) ** 2) + (p["b"] + 2.0) ** 2 + 3.0 * jnp.sum((p["c"] - 0.5) ** 2)
+
+
+def test_lbfgs_works_on_the_leaves_laid_end_to_end_and_gives_them_back_as_they_came():
+    p = {"c": jnp.zeros((2, 3), jnp.float32), "a": jnp.zeros(4, jnp.float32),
+         "b": jnp.asarray(0.0, jnp.float32)}
+    layout = optim.layout_of(p)
+    assert layout == (("a", (4,)), ("b", ()), ("c", (2, 3)))
+    x = optim.flattened({k: np.arange(np.size(v), dtype=np.float32).reshape(np.shape(v)) + 10 * i
+                         for i, (k, v) in enumerate(sorted(p.items()))}, layout)
+    np.testing.assert_array_equal(np.asarray(x), [0, 1, 2, 3, 10, 20, 21, 22, 23, 24, 25])
+    back = optim.unflattened(np.asarray(x), layout)
+    np.testing.assert_array_equal(back["c"], [[20, 21, 22], [23, 24, 25]])
+    assert back["b"].shape == ()
+    q, value = optim.lbfgs(_spread, p, (), 60, chunks=3)
+    assert {k: (np.shape(v), np.asarray(v).dtype) for k, v in q.items()} == \
+        {k: (np.shape(v), np.dtype(np.float32)) for k, v in p.items()}
+    np.testing.assert_allclose(np.asarray(q["a"]), np.ones(4), atol=1e-3)
+    np.testing.assert_allclose(float(q["b"]), -2.0, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(q["c"]), np.full((2, 3), 0.5), atol=1e-3)
+    assert value == float(_spread(q, ()))
+
+
+def test_equal_objectives_on_vectors_are_one_static_argument():
+    """A fit builds a fresh :class:`OnVector` per stage; equal ones must hash alike, or every
+    stage would trace and compile its L-BFGS block again."""
+    layout = (("x", (2,)),)
+    assert optim.OnVector(_bowl, layout) == optim.OnVector(_bowl, layout)
+    assert hash(optim.OnVector(_bowl, layout)) == hash(optim.OnVector(_bowl, layout))
+    assert optim.OnVector(_bowl, layout) != optim.OnVector(_spread, layout)
+    np.testing.assert_allclose(float(optim.OnVector(_bowl, layout)(jnp.asarray([3.0, -1.0]), ())),
+                               10.0)
