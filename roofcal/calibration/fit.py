@@ -265,13 +265,14 @@ def grown(d: KernelData, rows: int, shapes: int) -> KernelData:
 
 #: kinds whose data is padded to one size across kernel sets, so both sets' fits of a kind share
 #: one compiled L-BFGS program (:func:`shared_sizes`): where the sizes are close (GEMM 7,392 and
-#: 10,000 rows, MoE 9,526 and 10,000 rows, 402 and 602 shapes) a program fewer (≈ 1.4 s to compile,
-#: ≈ 0.3 s to trace and load) costs more than the padded rows. Attention (4,348 / 4,366 against
-#: 12,903 / 10,526 rows) is a trade, measured: 2 programs fewer, ≈ 4 s of CPU less to compile
-#: cold, but each warm fit 5 % slower (A/B 1.05, the padded rows computed at every step; held
-#: out, 0.14's attention −0.006 to −0.002 points); the all-reduces' 55 against 101 rows would send
-#: 0.14's eager all-reduce, bimodal, from its 2.3 % fit on the default split to its 3.8 % one
-SHARED_SIZE_KINDS = ("gemm", "moe")
+#: 10,000 rows, MoE 9,526 and 10,000 rows, 402 and 602 shapes) or small (the all-reduces' 55 and
+#: 101 rows) a program fewer (≈ 1.6 s of CPU to compile, ≈ 0.3 s to trace and load) costs more
+#: than the padded rows. The all-reduces, over 20 seeded splits, held out: every table within
+#: ±0.1 point of its own size (0.14 eager 6.87 → 6.83 %, 0.24 eager 4.80 → 4.89 %, SE 0.4–0.6).
+#: Attention (4,348 / 4,366 against 12,903 / 10,526 rows) is a trade, measured: 2 programs fewer,
+#: ≈ 4 s of CPU less to compile cold, but each warm fit 5 % slower (A/B 1.05, the padded rows
+#: computed at every step; held out, 0.14's attention −0.006 to −0.002 points)
+SHARED_SIZE_KINDS = ("gemm", "moe", "allreduce")
 
 
 def shared_sizes(data: dict, kinds=SHARED_SIZE_KINDS) -> dict:

@@ -194,16 +194,18 @@ def test_fit_refuses_rows_of_another_gpu(tmp_path):
 
 
 def test_shared_sizes_pad_a_kind_to_one_size_without_changing_its_objective():
-    """``shared_sizes``: both kernel sets' GEMM (and MoE) data grown to the kind's largest row and
-    shape count, so they share one compiled program; the added rows weigh 0, so each kernel's
-    objective is the same (to float rounding) and its training rows are the same."""
+    """``shared_sizes``: both kernel sets' GEMM (MoE, all-reduce) data grown to the kind's largest
+    row and shape count, so they share one compiled program; the added rows weigh 0, so each
+    kernel's objective is the same (to float rounding) and its training rows are the same."""
     from roofcal.calibration.fit import SHARED_SIZE_KINDS, shared_sizes
     data = {}
     for kset, n in (("vllm-0.14.0", 300), ("vllm-0.24.0", 500)):
         t = read_ops(f"data/microbench/h100_sxm/{kset}/gemm_perf.parquet")
         t = t[t.dtype == "bf16"].iloc[:n].reset_index(drop=True)
         data[kset] = kernel_data(t, H100, np.zeros(len(t), bool), FAST)["gemm/bf16"]
-    assert "gemm" in SHARED_SIZE_KINDS and "allreduce" not in SHARED_SIZE_KINDS
+    assert "gemm" in SHARED_SIZE_KINDS and "attn_decode" not in SHARED_SIZE_KINDS
+    kept = shared_sizes(data, kinds=("attn_decode",))                       # other kinds untouched
+    assert all(kept[k] is d for k, d in data.items())
     grown = shared_sizes(data)
     assert grown["vllm-0.24.0"] is data["vllm-0.24.0"]                # already the largest
     small, big = data["vllm-0.14.0"], grown["vllm-0.14.0"]
