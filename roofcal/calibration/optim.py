@@ -136,9 +136,9 @@ def _lbfgs_init(params):
 class OnVector:
     """``loss_fn(params, data)`` of a dict of float32 arrays, called with one vector that holds
     them end to end (``layout``: their (name, shape) in that order). L-BFGS then keeps one array
-    of history, not one per leaf: each of its tree operations is one operation, so its program
-    is smaller to compile and each iteration a shorter chain. Hashable and keyed by value (a
-    static argument of the stored program)."""
+    of history, not one per leaf: each of its tree operations is one operation, and each
+    iteration a shorter chain (a warm ``roofcal fit`` 5 % faster; compiling no faster). Hashable
+    and keyed by value (a static argument of the stored program)."""
 
     loss_fn: Callable
     layout: tuple
