@@ -12,7 +12,8 @@ What runs is the code XLA compiled (the same results to the bit); tracing and lo
 
 Off until :func:`keep_in` names a folder (the CLI: ``$ROOFCAL_CACHE/programs``, off with
 ``ROOFCAL_CACHE=off``). A key without a file compiles its program afresh — under a new name, so
-not from JAX's cache, whose executables serialize without their code — and writes it atomically.
+not from JAX's cache, whose executables serialize without their code, nor into it, where no later
+process would ask for that name (:func:`_not_in_jax_cache`) — and writes it atomically.
 A call inside a trace, a static argument or pytree node this module cannot key (a function from
 outside roofcal, whose source is not in the key), a program that does not serialize and a file
 that does not load fall back to ``jax.jit``: slower, never wrong. What a trace records on the
@@ -187,8 +188,9 @@ class Stored:
         fresh = types.FunctionType(self.fn.__code__, self.fn.__globals__,
                                    f"{self.fn.__name__}_{uuid.uuid4().hex[:12]}",
                                    self.fn.__defaults__, self.fn.__closure__)
-        compiled = jax.jit(fresh, static_argnames=self.static,
-                           compiler_options=self.options).lower(*ordered).compile()
+        with _not_in_jax_cache():
+            compiled = jax.jit(fresh, static_argnames=self.static,
+                               compiler_options=self.options).lower(*ordered).compile()
         try:
             blob = zlib.compress(pickle.dumps(serialize_executable.serialize(compiled), protocol=4), 6)
         except Exception:
@@ -199,6 +201,20 @@ class Stored:
         except OSError:                     # a read-only cache: run without keeping it
             pass
         return compiled
+
+
+def _not_in_jax_cache():
+    """A context in which this thread's compiles are not written to JAX's persistent cache: a
+    program compiled under a fresh name there is one no later process asks for (its key holds
+    the name), so writing it only costs time and disk. JAX's write threshold in seconds, raised
+    for this thread alone (a thread-local setting of ``jax._src.config``; where a JAX lacks it,
+    no change)."""
+    import contextlib
+    try:
+        from jax._src import config
+        return config.persistent_cache_min_compile_time_secs(float("inf"))
+    except (ImportError, AttributeError, TypeError):
+        return contextlib.nullcontext()
 
 
 def text_of(x) -> str:

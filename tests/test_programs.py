@@ -218,6 +218,27 @@ def test_the_commands_keep_programs_beside_jax_cache_unless_told_not_to(tmp_path
     assert out.stdout.strip() == expected.format(tmp=tmp_path)
 
 
+def test_a_stored_program_is_not_also_written_to_jax_cache_which_other_programs_still_use(tmp_path):
+    """The store compiles under a fresh name, so an entry in JAX's cache would be one no process
+    asks for again (a cold fit wrote 41 such, 1.5 MB); a plain ``jax.jit`` program, compiled
+    beside it, still goes there."""
+    env = {**os.environ, "ROOFCAL_CACHE": str(tmp_path), "ROOFCAL_PROGRAMS": ""}
+    script = ("import os, numpy as np, jax, jax.numpy as jnp\n"
+              "from roofcal.cli.main import enable_compilation_cache, jax_defaults\n"
+              "enable_compilation_cache(); jax_defaults()\n"
+              "from roofcal.model import correction as K\n"
+              "z = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3)\n"
+              "K.features(z, np.full(3, -0.5, np.float32), np.full(3, 0.8, np.float32), 2)\n"
+              "jax_dir = os.path.join(os.environ['ROOFCAL_CACHE'], 'jax')\n"
+              "before = len(os.listdir(jax_dir)) if os.path.isdir(jax_dir) else 0\n"
+              "jax.jit(lambda x: jnp.sin(x) * 3.0)(jnp.ones(5)).block_until_ready()\n"
+              "print(before, len(os.listdir(jax_dir)))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    before, after = map(int, out.stdout.split())
+    assert [f.name.split("-")[0] for f in files(tmp_path / "programs")] == ["features"]
+    assert before == 0 and after >= 1
+
+
 def test_a_prediction_from_stored_programs_is_the_prediction_without_them(tmp_path):
     """``roofcal predict`` (times and the out-of-domain flags, whose column labels the step
     program records while traced) run twice with the store — compiling, then reading — and once
