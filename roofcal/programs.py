@@ -207,8 +207,8 @@ def _not_in_jax_cache():
     """A context in which this thread's compiles are not written to JAX's persistent cache: a
     program compiled under a fresh name there is one no later process asks for (its key holds
     the name), so writing it only fills the disk (1.5 MB a cold fit; no time measurably). JAX's
-    write threshold in seconds, raised for this thread alone (a thread-local setting of ``jax._src.config``; where a JAX lacks it,
-    no change)."""
+    write threshold in seconds, raised for this thread alone (a thread-local setting of
+    ``jax._src.config``; where a JAX lacks it, no change)."""
     import contextlib
     try:
         from jax._src import config
