@@ -22,7 +22,8 @@ column labels while traced, so ``domain.step_flags`` traces it alone for them (n
 ``predict.step_outputs`` came from the store. A call costs ≈ 36 µs against ``jax.jit``'s 9 µs (its
 key is found in Python): for programs called hundreds of times a run, not in tight loops. The
 folder is safe to delete; it keeps the programs of the last few roofcal sources (a changed file is
-a new key).
+a new key). Each command lists the programs it read (:func:`remember`), and its next run loads
+them ahead in a background thread while it reads its inputs (:func:`prefetch`).
 """
 
 from __future__ import annotations
@@ -315,7 +316,78 @@ def _configuration() -> tuple:
     return tuple((k, v) for k, v in jax.config.values.items() if k not in NOT_KEYED)
 
 
+#: {path: Future of its program} of the programs :func:`prefetch` is loading ahead
+_ahead: dict = {}
+#: names of the files this process read from the store, in the order first read
+_reads: dict = {}
+
+
 def _read(path: Path):
+    """The program stored at ``path`` (:func:`_load`), taken from :func:`prefetch` where it loaded
+    it ahead, and noted for :func:`remember`."""
+    with _lock:
+        ahead = _ahead.pop(path, None)
+    if ahead is not None and not ahead.cancel():          # loading or loaded: wait for it
+        program = ahead.result()
+    else:
+        program = _load(path)
+    if program is not None:
+        with _lock:
+            _reads.setdefault(path.name, None)
+    return program
+
+
+def prefetch(name: str) -> None:
+    """Start loading, in a background thread, the programs that the last run of ``name`` (a
+    command) read from the store (:func:`remember`), in the order it read them: what a warm run
+    would load one by one when first called, on the thread that calls it, while a core sits
+    idle as the command reads its inputs (41 programs, ≈ 0.7 s of CPU, in a warm ``roofcal
+    fit``). A program asked for before its turn is loaded by the caller; one that no call asks
+    for is loaded for nothing. Nothing happens with the store off or no list."""
+    if _folder is None:
+        return
+    from concurrent.futures import Future
+    try:
+        names = (here_folder() / f"{name}.uses").read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        return
+    todo = []
+    with _lock:
+        for n in names:
+            path = here_folder() / n
+            if path.suffix == ".xla" and path.parent == here_folder() and path not in _ahead:
+                _ahead[path] = Future()
+                todo.append((path, _ahead[path]))
+
+    def load_all():
+        for path, future in todo:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(_load(path))
+                except BaseException:          # never leaves a caller waiting
+                    future.set_result(None)
+    threading.Thread(target=load_all, name="roofcal-prefetch", daemon=True).start()
+
+
+def remember(name: str) -> None:
+    """Write the files this process read from the store (in the order first read) as the list
+    :func:`prefetch` ``name`` loads ahead next time (``<name>.uses`` beside them; written when it
+    changed, atomically; never an error: the list is a hint)."""
+    if _folder is None:
+        return
+    from roofcal.io import write_bytes_atomic
+    with _lock:
+        text = "".join(f"{n}\n" for n in _reads)
+    path = here_folder() / f"{name}.uses"
+    try:
+        if not text or (path.exists() and path.read_text(encoding="utf-8") == text):
+            return
+        write_bytes_atomic(path, text.encode())
+    except (OSError, UnicodeDecodeError):
+        pass
+
+
+def _load(path: Path):
     """The program stored at ``path``: None where there is none or it does not load (truncated,
     or from another build), :data:`JIT` where the program does not serialize."""
     from jax.experimental import serialize_executable

@@ -27,7 +27,11 @@ def store(tmp_path):
     P.keep_in(tmp_path / "programs")
     P._loaded.clear()
     P._used.clear()
+    P._reads.clear()
+    P._ahead.clear()
     yield tmp_path / "programs"
+    P._reads.clear()
+    P._ahead.clear()
     P.keep_in(folder)
     P._loaded.clear()
     P._loaded.update(loaded)
@@ -82,6 +86,43 @@ def test_another_process_reads_the_program_one_wrote(store):
     traced, values = out.stdout.split()
     assert traced == "0"
     assert values == np.asarray(K.features.jitted(Z, LO, HI, 2)).tobytes().hex()
+
+
+def test_the_programs_a_command_read_are_loaded_ahead_by_its_next_run(store, monkeypatch):
+    K.features(Z, LO, HI, 2)                            # compiled and written: not a read
+    (two,) = [f.name for f in files(store)]
+    K.features(Z, LO, HI, 3)
+    (three,) = [f.name for f in files(store) if f.name != two]
+    P._loaded.clear()                                   # as a new process: read, in this order
+    K.features(Z, LO, HI, 3)
+    K.features(Z, LO, HI, 2)
+    P.remember("fit")
+    assert (P.here_folder() / "fit.uses").read_text() == f"{three}\n{two}\n"
+    P._loaded.clear()                                   # the command's next run
+    P._reads.clear()
+    P.prefetch("fit")
+    assert P._ahead[P.here_folder() / three].result() is not None   # loaded in the background
+    assert P._ahead[P.here_folder() / two].result() is not None
+    monkeypatch.setattr(P, "_load", lambda path: pytest.fail(f"{path} read again"))
+    out, traced = traces(lambda: np.asarray(K.features(Z, LO, HI, 3)))
+    assert traced == 0 and out.tobytes() == np.asarray(K.features.jitted(Z, LO, HI, 3)).tobytes()
+    assert list(P._reads) == [three] and list(P._ahead) == [P.here_folder() / two]
+
+
+def test_a_stale_or_garbled_list_of_programs_is_only_a_hint(store):
+    K.features(Z, LO, HI, 2)
+    (P.here_folder() / "fit.uses").write_text("features-0000.xla\n../../elsewhere.xla\nnot a program\n")
+    P._loaded.clear()
+    P.prefetch("fit")                                   # names no file: nothing to wait for
+    assert [p.name for p in P._ahead] == ["features-0000.xla"]
+    assert P._ahead[P.here_folder() / "features-0000.xla"].result() is None
+    out, traced = traces(lambda: np.asarray(K.features(Z, LO, HI, 2)))
+    assert traced == 0 and out.tobytes() == np.asarray(K.features.jitted(Z, LO, HI, 2)).tobytes()
+    (P.here_folder() / "fit.uses").write_bytes(b"\xff\xfe")
+    P.prefetch("fit")                                   # unreadable: ignored
+    P.keep_in(None)
+    P.prefetch("fit")                                   # the store off: nothing
+    P.remember("fit")
 
 
 def test_each_shape_static_argument_dtype_and_setting_is_a_program_of_its_own(store):

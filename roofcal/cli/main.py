@@ -165,6 +165,12 @@ def jax_defaults(environ=None) -> None:
         env["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
 
 
+def command_name(args) -> str:
+    """The command and its subcommands, joined by ``-`` (``roofcal export blis``: ``export-blis``)."""
+    subs = [v for k, v in sorted(vars(args).items()) if k.endswith("_command") and isinstance(v, str)]
+    return "-".join([args.command, *subs])
+
+
 def main(argv=None) -> int:
     if "jax" not in sys.modules:
         jax_defaults()
@@ -172,9 +178,14 @@ def main(argv=None) -> int:
     warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
+    from roofcal import programs
+    command = command_name(args)
+    programs.prefetch(command)             # the programs its last run read, loaded ahead
     try:
         check_outputs(args)
         code = args.func(args)             # a handler may return a non-zero exit status
+        if not code:
+            programs.remember(command)
     except RoofcalError as e:
         print(f"roofcal: error: {e}", file=sys.stderr)
         return 2
