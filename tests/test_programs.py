@@ -183,14 +183,14 @@ def test_off_unkeyable_or_unwritable_it_runs_through_jax_jit(store, tmp_path):
     def local_objective(p, data):                       # a test's function: its source is not keyed
         return jnp.sum((p["x"] - data) ** 2)
     from roofcal.calibration import optim
-    p = {"x": jnp.zeros(2, jnp.float32)}
-    state, fails = optim._lbfgs_init(p), jnp.zeros((), jnp.int32)
-    q, *_ = optim._lbfgs_block(local_objective, p, state, fails, jnp.asarray([1.0, 2.0]), 20)
-    np.testing.assert_allclose(np.asarray(q["x"]), [1.0, 2.0], atol=1e-5)
-    assert [f.name.split("-")[0] for f in files(store)] == ["lbfgs_init"]
+    vec = optim.OnVector(local_objective, (("x", (2,)),))
+    s, *_ = optim._lbfgs_block(vec, optim.start(np.zeros(2, np.float32)), jnp.zeros((), jnp.int32),
+                               jnp.asarray([1.0, 2.0]), 20)
+    np.testing.assert_allclose(np.asarray(s.x), [1.0, 2.0], atol=1e-5)
+    assert list(files(store)) == []
     P.keep_in(None)
     K.features(Z, LO, HI, 4)
-    assert len(list(files(store))) == 1
+    assert list(files(store)) == []
     locked = tmp_path / "locked"
     locked.write_text("a file where the folder would be")
     P.keep_in(locked / "programs")
@@ -227,7 +227,7 @@ def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
         p = fit_one(d, settings)
         return b"".join(np.asarray(p[k]).tobytes() for k in sorted(p))
     compiled = fitted()
-    assert {f.name.split("-")[0] for f in files(store)} >= {"lbfgs_block", "lbfgs_init"}
+    assert "lbfgs_block" in {f.name.split("-")[0] for f in files(store)}
     P._loaded.clear()
     read, traced = traces(fitted)
     assert traced == 0 and read == compiled
