@@ -341,7 +341,7 @@ def prefetch(name: str) -> None:
     """Start loading, in a background thread, the programs that the last run of ``name`` (a
     command) read from the store (:func:`remember`), in the order it read them: what a warm run
     would load one by one when first called, on the thread that calls it, while a core sits
-    idle as the command reads its inputs (41 programs, ≈ 0.7 s of CPU, in a warm ``roofcal
+    idle as the command reads its inputs (36 programs, ≈ 0.7 s of CPU, in a warm ``roofcal
     fit``). A program asked for before its turn is loaded by the caller; one that no call asks
     for is loaded for nothing. Nothing happens with the store off or no list."""
     if _folder is None:

@@ -126,7 +126,7 @@ def _lbfgs_block(loss_fn, search, fails, data, length):
     ends a search (Armijo's decrease, or the last of :data:`TRIALS`) moves ``x`` there and takes
     optax's L-BFGS direction from it (``optax.scale_by_lbfgs``). optax's own loop holds the
     objective twice (its first value and gradient, and the search's trials in a loop within
-    the loop); this program holds it once and compiles in 30–40 % less CPU time (1.1–1.4 s
+    the loop); this program holds it once and compiles in 30–40 % less CPU time (1.0–1.4 s
     instead of 1.5–2.2 s). Same steps as optax.lbfgs, up to float rounding (values from
     ``jax.value_and_grad`` rather than ``jax.linearize``) — which, on the kernel fits'
     non-convex surfaces, leads some stages to other local minima (docs/limits.md, "Fit speed")."""
