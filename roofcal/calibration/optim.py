@@ -91,17 +91,21 @@ FAILED_SEARCHES = 2
 class Search(NamedTuple):
     """Where an L-BFGS run stands between two evaluations of the objective: the accepted point
     ``x`` (n,), its loss and gradient (inf and 0 before ``x`` is evaluated), the direction from
-    it and its slope ⟨direction, gradient⟩, the step length of the next trial, the trials of
-    the current line search so far (−1: ``x`` not yet evaluated) and optax's L-BFGS memory."""
+    it, the step length of the next trial, the trials of the current line search so far (−1:
+    ``x`` not yet evaluated) and optax's L-BFGS memory."""
 
     x: jax.Array
     value: jax.Array
     grad: jax.Array
     direction: jax.Array
-    slope: jax.Array
     step: jax.Array
     tries: jax.Array
     memory: optax.ScaleByLBFGSState
+
+    @property
+    def slope(self):
+        """⟨direction, gradient⟩: the loss's rate of change along the direction at ``x``."""
+        return self.direction @ self.grad
 
 
 def start(x: np.ndarray) -> Search:
@@ -112,7 +116,7 @@ def start(x: np.ndarray) -> Search:
                                      diff_params_memory=mat, diff_updates_memory=mat,
                                      weights_memory=np.zeros(MEMORY, np.float32))
     return jax.device_put(Search(np.asarray(x, np.float32), np.float32(np.inf), vec, vec,
-                                 zero, zero, np.int32(-1), memory))
+                                 zero, np.int32(-1), memory))
 
 
 @stored(static_argnames=("loss_fn", "length"))
@@ -151,9 +155,8 @@ def _lbfgs_block(loss_fn, search, fails, data, length):
         update, memory = lbfgs.update(grad, s.memory, x)
         direction, memory = where(ends, (-update, memory), (s.direction, s.memory))
         next_step = jnp.where(first, 1.0, jnp.minimum(GROW * jnp.where(moves, s.step, 0.0), 1.0))
-        search = Search(x, value, grad, direction, direction @ grad,
-                        jnp.where(ends, next_step, SHRINK * s.step), jnp.where(ends, 0, s.tries + 1),
-                        memory)
+        search = Search(x, value, grad, direction, jnp.where(ends, next_step, SHRINK * s.step),
+                        jnp.where(ends, 0, s.tries + 1), memory)
         counted = ends & ~first
         fails = jnp.where(counted, jnp.where(error > 0.0, fails + 1, 0), fails)
         return i + counted.astype(jnp.int32), search, fails
