@@ -36,7 +36,7 @@ from roofcal.model import correction as K
 from roofcal.model import curves
 from roofcal.model import intervals as IV
 from roofcal.model.coeffs import (UNVERSIONED, Coefficients, KernelSet, Stack, add_stack,
-                                  newest_kernel_set, roundtrip, with_kernels, with_stack)
+                                  newest_kernel_set, op_as_read, roundtrip, with_kernels, with_stack)
 from roofcal.measurements.ops import kernel_set_order
 from roofcal.physics.hardware import GPUSpec
 from roofcal.calibration.loss import prior_penalty
@@ -44,7 +44,7 @@ from roofcal.metrics import error_summary, log_ratio_sq, split_groups
 from roofcal.model.combine import (NON_COMPONENT, combine, combined, kernel_breakdown,
                                    overhead_counts, step_breakdown)
 from roofcal.physics.kernels import groups
-from roofcal.model.predict import IdealTimes, ideal_times, op_rows, predict_table
+from roofcal.model.predict import IdealTimes, ideal_times, in_blocks, predict_table
 from roofcal.calibration.optim import lbfgs, minimize
 from roofcal.physics.steps import step_totals
 
@@ -231,9 +231,8 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
         deg = settings.degree_of(op)
         fac = S.factor(op, z, lo, hi, deg) if op in FACTORED_KINDS else None
         f = None
-        if fac is None:         # row-wise, computed padded: sets of similar size share a program
-            zp = np.pad(np.asarray(z, np.float32), ((0, op_rows(len(z)) - len(z)), (0, 0)))
-            f = np.asarray(K.features(zp, lo, hi, deg))[:len(z)]
+        if fac is None:         # row-wise, in blocks: every set shares a program
+            f = in_blocks(lambda zb: K.features(zb, lo, hi, deg), len(z), np.asarray(z, np.float32), 0.0)
         prepared.append((op, dt, idx, tc, tm, train, lo, hi, f, fac))
     rows, shapes = {}, {}
     for op, _, idx, *_, fac in prepared:
@@ -485,25 +484,29 @@ def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
 
 
 def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec,
-               ideal: IdealTimes | None = None) -> None:
+               ideal: IdealTimes | None = None) -> np.ndarray:
     """Give each fitted kernel of a kind with a curve axis the curves of its measured shapes
     (:mod:`roofcal.model.curves`): the log-ratio of its training rows (``rows`` where ``train``;
     every row not held out, also those beyond the fit's row cap) to its fitted surface. In place.
-    The surface predicts all ``rows`` of those kinds, the table sizes the metrics predict later,
-    so both share their compiled programs; ``ideal``: the rows' ideal times, when already
+    The surface predicts all ``rows`` of those kinds, which are returned (µs; NaN for the other
+    rows): a kernel set's metrics take them instead of predicting them again
+    (:func:`predict_table`'s ``surfaces``); ``ideal``: the rows' ideal times, when already
     computed."""
     keep = rows["op"].isin(list(curves.AXES)).to_numpy()
+    out = np.full(len(rows), np.nan)
     rows, train = rows[keep].reset_index(drop=True), np.asarray(train)[keep]
     if not len(rows):
-        return
+        return out
     ideal = None if ideal is None else ideal.take(np.flatnonzero(keep))
-    surface = predict_table(rows, {"ops": ops, "step": K.neutral_step_params()}, gpu,
-                            ideal=ideal)["predicted_us"].values
+    surface = predict_table(rows, {"ops": curves.surfaces(ops), "step": K.neutral_step_params()},
+                            gpu, ideal=ideal)["predicted_us"].values
     for _, op, dt, idx in groups(rows):
         key, idx = K.op_key(op, dt), idx[train[idx]]
         if key in ops and len(idx):
             ops[key] = {**ops[key], "curves": curves.fit_curves(
                 op, rows.iloc[idx], rows["latency_us"].values[idx], surface[idx])}
+    out[keep] = surface
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -750,10 +753,12 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     where = _kernel_rows(table, sets_of_rows, units)
     fits, params = {u: {} for u in ["", *units]}, None        # unit → {kernel: raw params}
     in_order = lambda fits: {u: {k: fits[u][k] for k in have.get(u, []) if k in fits[u]} for u in fits}
+    priced = {}        # (unit, kernel) → the surface its rows were priced by, their µs by it
     for (unit, key), p in fitted_kernels(data, settings, prior=p0, init=p0, first=needed):
         at = where[(unit, key)]
-        ops = {key: p}
-        add_curves(ops, table.iloc[at].reset_index(drop=True), ~test[at], gpu, ideal.take(at))
+        ops = {key: op_as_read(key, p)}          # the surface as the file will hold it
+        priced[(unit, key)] = (ops[key], add_curves(
+            ops, table.iloc[at].reset_index(drop=True), ~test[at], gpu, ideal.take(at)))
         fits[unit][key] = ops[key]
         if params is None and needed and all(k in fits[u] for u, k in needed):
             params = step_fit(kernel_sets_of(in_order(fits), [step_set]))
@@ -790,8 +795,12 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     def set_metrics(name):                  # (metrics, bands) of a kernel set on its rows
         idx = np.flatnonzero(set_rows[name])
         sub, sub_test, ops = table.iloc[idx].reset_index(drop=True), test[idx], c.kernel_sets[name].ops
+        known = np.full(len(table), np.nan)    # rows whose kernel here has the surface they were priced by
+        for (unit, key), (p, times) in priced.items():
+            if key in ops and curves.same_surface(ops[key], p):
+                known[where[(unit, key)]] = times
         pred = predict_table(sub, {"ops": ops, "step": K.neutral_step_params()}, gpu, surface=True,
-                             ideal=ideal.take(idx))
+                             ideal=ideal.take(idx), surfaces=known[idx])
         return (_round_metrics(kernel_metrics(sub, {"ops": ops}, gpu, sub_test, pred)),
                 op_intervals(pred, sub_test, settings, pred["surface_us"].to_numpy()))
     for name, (m, bands) in zip(set_rows, side_by_side(set_metrics, list(set_rows))):

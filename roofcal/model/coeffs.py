@@ -873,6 +873,12 @@ def as_read(doc):
     return doc
 
 
+def op_as_read(key: str, p: dict) -> dict:
+    """Kernel ``key``'s raw parameters ``p`` as its entry in a file reads back (rounded to file
+    precision, as :func:`roundtrip` rounds them; a second pass changes nothing)."""
+    return op_from_dict(key, as_read(op_to_dict(key, p)), f"ops.{key}")
+
+
 def roundtrip(c: Coefficients) -> Coefficients:
     """``c`` as it will read back from its file (parameters rounded to file precision)."""
     doc = as_read(to_doc(c))

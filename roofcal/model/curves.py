@@ -143,6 +143,13 @@ def surface_only(p: dict | None) -> dict | None:
     return None if p is None else {k: v for k, v in p.items() if k != "curves"}
 
 
+def same_surface(p: dict, q: dict) -> bool:
+    """Whether two ops' raw parameters hold the same surface, bit for bit (their curves aside):
+    then every shape's time by the surface alone is the same."""
+    a, b = surface_only(p), surface_only(q)
+    return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
 def surfaces(ops: dict) -> dict:
     """{kernel: :func:`surface_only` parameters} of an ``ops`` mapping."""
     return {k: surface_only(p) for k, p in ops.items()}

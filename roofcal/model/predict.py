@@ -18,7 +18,7 @@ from roofcal.model import correction as K
 from roofcal.model import curves as measured_curves
 from roofcal.model import domain
 from roofcal.model import intervals
-from roofcal.model.combine import (NON_COMPONENT, gpu_side, op_peak_and_bandwidth, padded, padded_size,
+from roofcal.model.combine import (NON_COMPONENT, gpu_side, op_peak_and_bandwidth, padded,
                                    step_breakdown)
 from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
@@ -195,17 +195,14 @@ def _row_times(op: str, dtype: str, cols: dict, peak: float, bw: float, max_expe
 
 def row_times(gpu: GPUSpec, op: str, dtype: str, df: pd.DataFrame, idx: np.ndarray):
     """(ideal compute µs, ideal memory µs, standardized shapes z) of rows ``idx`` of an
-    interchange table, as float32 arrays of ``len(idx)`` rows (computed padded, see
-    :func:`padded_size`)."""
+    interchange table, as float32 arrays of ``len(idx)`` rows (computed in blocks:
+    :func:`in_blocks`)."""
     peak, bw = op_peak_and_bandwidth(gpu, op, dtype)
-    n = len(idx)
-    pad = padded_size(n) - n
-    cols = {c: np.pad(np.asarray(df[c].values[idx], np.float32), (0, pad), constant_values=1.0)
+    cols = {c: np.asarray(df[c].values[idx], np.float32)
             for c in SHAPE_COLUMNS[op] + OPTIONAL_COLUMNS.get(op, ()) if c in df.columns}
-    bound = experts_bound(cols["experts"]) if "experts" in cols else MAX_EXPERTS
+    bound = experts_bound(cols["experts"]) if "experts" in cols else MAX_EXPERTS   # the group's
     work_dtype = "" if op in DTYPE_FREE else dtype
-    tc, tm, z = (np.asarray(a)[:n] for a in _row_times(op, work_dtype, cols, float(peak), float(bw), bound))
-    return tc, tm, z
+    return in_blocks(lambda c: _row_times(op, work_dtype, c, float(peak), float(bw), bound), len(idx), cols)
 
 
 @dataclass(frozen=True)
@@ -250,33 +247,44 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
     return IdealTimes(tc, tm, z)
 
 
-#: the row counts :func:`op_rows` pads a kernel group to, up to the last
-OP_ROW_SIZES = (256, 16_384, 65_536)
+#: rows of one call of a row-wise program over a kernel group: a group of up to the first is
+#: computed padded to it, a larger one in blocks of the second (:func:`in_blocks`)
+OP_ROW_SIZES = (256, 4_096)
 
 
 def op_rows(n: int) -> int:
-    """Rows a kernel group is predicted padded to: the smallest of :data:`OP_ROW_SIZES` ≥ ``n``,
-    :func:`padded_size` beyond 65,536 (≤ 25 % more: a large table's memory). A kernel's time over
-    16,384 rows costs ≈ 1–5 ms once compiled and ≈ 0.14–0.4 s to compile, so coarse sizes pay:
-    a fit's predictions and features compile 11 programs instead of 18."""
-    if n > OP_ROW_SIZES[-1]:
-        return padded_size(n)
-    return next(size for size in OP_ROW_SIZES if size >= n)
+    """Rows of one call of a row-wise program (ideal times, features, a kernel's time) over a
+    kernel group of ``n`` rows: 256 up to 256 rows, else 4,096, a block of :func:`in_blocks`.
+    Every group of a kind shares the one program of each size (≈ 0.14–0.4 s each to compile)."""
+    return OP_ROW_SIZES[0] if n <= OP_ROW_SIZES[0] else OP_ROW_SIZES[1]
+
+
+def in_blocks(fn, n: int, tree, fill: float = 1.0):
+    """``fn(tree)`` for a pytree of arrays of ``n`` rows (leading axis) and a row-wise ``fn``,
+    computed in blocks of :func:`op_rows` rows (the last padded with ``fill``) and put back
+    together as NumPy arrays of ``n`` rows. A row's value does not depend on the table around
+    it, only on the block size (XLA's code for another row count may round a row's last bit
+    otherwise: 2 of the H100 tables' 262,992 ideal memory times at 2,048 against 4,096).
+    Blocks keep the temporaries small and reused (the MoE routing sums: 4,096 rows × 256
+    experts); whole groups of up to 65,536 rows took fresh memory at every call (a warm
+    ``roofcal fit``: 563,000 page faults, 227,000 in blocks; docs/limits.md, "Fit speed")."""
+    size = op_rows(n)
+    total = -(-max(n, 1) // size) * size
+    grown = jax.tree_util.tree_map(
+        lambda a: np.pad(np.asarray(a), [(0, total - n)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=fill), tree)
+    parts = [fn(jax.tree_util.tree_map(lambda a: a[i:i + size], grown)) for i in range(0, total, size)]
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n], *parts)
 
 
 def _op_times(p: dict, z, tc, tm) -> np.ndarray:
-    """:func:`~roofcal.model.correction.op_time_z` of ``len(tc)`` rows, computed padded to
-    :func:`op_rows` rows (row-wise, so the values are the same) so that tables of similar size
-    share one compiled program."""
-    n = len(tc)
-    pad = op_rows(n) - n
-    grow = lambda a, v: np.pad(np.asarray(a), [(0, pad)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=v)
-    return np.asarray(K.op_time_z(p, grow(z, 0.0), grow(tc, 1.0), grow(tm, 1.0)))[:n]
+    """:func:`~roofcal.model.correction.op_time_z` of ``len(tc)`` rows (:func:`in_blocks`)."""
+    return in_blocks(lambda a: K.op_time_z(p, *a), len(tc), (z, tc, tm))
 
 
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
                   bands: dict | None = None, compute_scale: float = 1.0,
-                  surface: bool = False, ideal: IdealTimes | None = None) -> pd.DataFrame:
+                  surface: bool = False, ideal: IdealTimes | None = None,
+                  surfaces: np.ndarray | None = None) -> pd.DataFrame:
     """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
     with ``bands`` (:attr:`Coefficients.op_bands`) the 80 % interval ``p10_us``, ``p90_us``
     (NaN for kernels without held-out evidence), and with ``flags`` the shape flags
@@ -285,7 +293,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     time that much longer (an SM clock below the bursts', :mod:`roofcal.model.operating`); 1 is
     the kernels as timed. With ``surface``, also ``surface_us``: a kernel with measured shapes'
     curves priced by its surface alone, as a shape no table measured (NaN for other kinds).
-    ``ideal``: the rows' :func:`ideal_times`, when already computed."""
+    ``ideal``: the rows' :func:`ideal_times`, when already computed; ``surfaces`` (N,): the rows'
+    times by their kernels' surfaces alone (µs, at ``compute_scale`` 1), where already computed
+    with these parameters (a group with any NaN is computed)."""
     out = df.copy()
     cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
         (("p10_us", "p90_us") if bands is not None else ()) + (("surface_us",) if surface else ())
@@ -296,7 +306,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     for g, op, dt, idx in groups(df):
         tc, tm, z = ideal.rows(op, idx)
         _, p = K.lookup(params["ops"], op, dt)
-        t = _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
+        known = None if surfaces is None or compute_scale != 1.0 else surfaces[idx]
+        t = known if known is not None and not np.isnan(known).any() else \
+            _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
         if surface and op in measured_curves.AXES:
             col["surface_us"][idx] = np.asarray(t, np.float64)

@@ -2,6 +2,7 @@
 determinism, splits, coefficient files and bad input."""
 
 import math
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -113,6 +114,34 @@ def test_coefficient_file_round_trip_and_refusals(tmp_path):
     bad.write_text(text.replace("latency_us: ", "latency_us: -", 1))
     with pytest.raises(RoofcalError, match=r"latency_us' must be ≥ 0"):
         coeff_io.load(bad)
+
+
+def test_a_fits_kernel_metrics_and_bands_are_those_of_the_file_it_writes(tmp_path, monkeypatch):
+    """A fit prices each kernel's rows with its surface as the file will hold it
+    (``coeffs.op_as_read``) and its set's metrics reuse those prices (every row); computed afresh
+    from the written file, the metrics and bands come out the same."""
+    from roofcal.calibration import fit as fit_module
+    from roofcal.calibration.fit import _round_metrics, kernel_metrics, kernel_set_rows, op_intervals
+    given = []
+    monkeypatch.setattr(fit_module, "predict_table", lambda *a, surfaces=None, **k: given.append(surfaces)
+                        or predict_table(*a, surfaces=surfaces, **k))
+    df = small_real_table()
+    res = fit(A100, df, [], FAST)
+    reused = [s for s in given if s is not None]
+    assert len(reused) == 1 and len(reused[0]) == len(df) and np.isfinite(reused[0]).all()
+    monkeypatch.undo()
+    coeff_io.save(res.coeffs, tmp_path / "a100.yaml")
+    c = coeff_io.load(tmp_path / "a100.yaml")
+    table = df.reset_index(drop=True)
+    (name, rows), = kernel_set_rows(table).items()
+    ops, test = c.kernel_sets[name].ops, res.kernel_test[rows]
+    sub = table[rows].reset_index(drop=True)
+    pred = predict_table(sub, {"ops": ops, "step": K.neutral_step_params()}, A100, surface=True)
+    assert _round_metrics(kernel_metrics(sub, {"ops": ops}, A100, test, pred)) == c.kernel_sets[name].metrics
+    assert set(c.kernel_sets[name].metrics["heldout"]) == {"allreduce/custom", "allreduce/custom_eager", "gemm/bf16"}
+    bands = op_intervals(pred, test, FAST, pred["surface_us"].to_numpy())
+    assert coeff_io.to_yaml(replace(c, kernel_sets={name: replace(c.kernel_sets[name], intervals=bands)})) \
+        == coeff_io.to_yaml(c)
 
 
 def test_bundled_coefficient_files_load_and_meet_their_own_metrics():

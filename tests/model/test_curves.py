@@ -353,3 +353,28 @@ def test_curve_lines_this_process_wrote_read_back_as_the_numbers_they_were_writt
     first["log_ratio"] = "9" + first["log_ratio"].lstrip("-")
     changed = curves.from_dict(kind, block, "test")
     assert changed != cv and changed[next(iter(changed))][1][0] >= 9.0
+
+
+def test_a_surface_reads_back_once_rounded_and_same_surface_sees_one_bit():
+    """``coeffs.op_as_read`` rounds a kernel's surface as its file does (its ranges to 6
+    significant digits), and a second pass changes nothing — on a fresh surface and on every
+    kernel of the shipped file — which is what lets a fit's metrics reuse the prices it fitted
+    the curves with. ``curves.same_surface`` ignores the curves and catches one bit."""
+    rng = np.random.default_rng(0)
+    c = CI.load("coeffs/h100_sxm.yaml")
+    shipped = curves.surface_only(c.kernel_sets["vllm-0.24.0"].ops["gemm/bf16"])
+    wiggle = lambda a: np.asarray(a) * (1 + 1e-4 * rng.normal(size=np.shape(a)))   # noqa: E731
+    fresh = {**shipped, **K.on_device({k: wiggle(shipped[k]) for k in ("eff_c", "lo", "hi")})}
+    once = CI.op_as_read("gemm/bf16", fresh)
+    assert not curves.same_surface(once, fresh)                       # the ranges were rounded
+    np.testing.assert_allclose(np.asarray(once["hi"]), np.asarray(fresh["hi"]), rtol=1e-5)
+    assert curves.same_surface(CI.op_as_read("gemm/bf16", once), once)
+    for ks in c.kernel_sets.values():
+        for key, p in ks.ops.items():
+            again = CI.op_as_read(key, p)
+            assert curves.same_surface(again, p) and ("curves" in again) == ("curves" in p), key
+    p = c.kernel_sets["vllm-0.24.0"].ops["gemm/bf16"]
+    assert curves.same_surface(p, curves.surface_only(p))
+    w = np.asarray(p["eff_m"]).copy()
+    w[3] = np.nextafter(w[3], np.float32(np.inf))
+    assert not curves.same_surface(p, {**p, "eff_m": w})

@@ -230,34 +230,60 @@ def test_step_files_of_one_deployment_share_a_program_and_keep_their_values():
     assert 1_000 < a[1] < 100_000          # one decode token of a 70B at TP 4: ms
 
 
-def test_kernel_groups_of_one_size_class_share_a_program_and_keep_their_values(monkeypatch):
-    """``predict_table`` computes a kernel group padded to ``op_rows``: 256, 16,384 or 65,536
-    rows (a fit's predictions and features: 11 programs instead of 18, ≈ 0.14–0.4 s each to
-    compile), ``padded_size`` beyond (≤ 25 % more). Groups of 300 and 900 rows share the
-    16,384-row program; each row's value is the one computed alone, unpadded."""
+def test_kernel_groups_run_in_blocks_of_one_program_and_keep_their_values(monkeypatch):
+    """``predict_table`` computes a kernel group in blocks of ``op_rows`` rows: one block of 256
+    up to 256 rows, else blocks of 4,096 (the last padded). Groups of 300, 900 and 9,000 rows
+    share the 4,096-row program, and a row's value is the same in each: it does not depend on the
+    table around it. (Computed alone, unpadded, it may differ in its last bit: XLA's code for
+    another row count sums in another order.)"""
     import pandas as pd
     from roofcal.model import coeffs as C
     from roofcal.model import correction as K
     from roofcal.model import curves
-    from roofcal.model.combine import padded_size
     from roofcal.model.predict import ideal_times, op_rows, predict_table
-    assert [op_rows(n) for n in (1, 256, 257, 1024, 5000, 16_385, 65_536)] == \
-        [256, 256, 16_384, 16_384, 16_384, 65_536, 65_536]
-    assert op_rows(65_537) == padded_size(65_537) == 81_920
+    assert [op_rows(n) for n in (1, 256, 257, 1024, 5000, 16_385, 65_537)] == \
+        [256, 256, 4_096, 4_096, 4_096, 4_096, 4_096]
     c = C.load("coeffs/a100_sxm.yaml")
     ops = c.kernel_sets[c.kernels].ops
     params = {"ops": ops, "step": K.neutral_step_params()}
     gpu = load_gpu("a100_sxm")
     rng = np.random.default_rng(0)
-    table = lambda n: pd.DataFrame({"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16",   # noqa: E731
-                                    "m": rng.integers(1, 8192, n), "n": 4096, "k": 4096})
-    a, b = table(300), table(900)
+    big = pd.DataFrame({"gpu": "a100_sxm", "op": "gemm", "dtype": "bf16",
+                        "m": rng.integers(1, 8192, 9_000), "n": 4096, "k": 4096})
+    a, b = big.iloc[-300:].reset_index(drop=True), big.iloc[:900]
     rows_seen, jitted = [], K.op_time_z
     monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm: rows_seen.append(len(tc)) or jitted(p, z, tc, tm))
-    pa, pb = (predict_table(t, params, gpu, surface=True)["surface_us"].to_numpy() for t in (a, b))
-    assert rows_seen == [16_384, 16_384]                             # one program's shapes
+    pa, pb, pbig = (predict_table(t, params, gpu, surface=True)["surface_us"].to_numpy() for t in (a, b, big))
+    assert rows_seen == [4_096] * 5                                  # 1 + 1 + 3 blocks, one program
     monkeypatch.undo()
     z_tc_tm = ideal_times(gpu, b).rows("gemm", np.arange(len(b)))
     alone = np.asarray(K.op_time_z(curves.surface_only(ops["gemm/bf16"]), *z_tc_tm[2:], *z_tc_tm[:2]))
-    assert pb.shape == (900,) and np.array_equal(pb, alone.astype(np.float64))
-    assert pa.shape == (300,) and np.all(pa > 0)
+    assert pb.shape == (900,)
+    np.testing.assert_allclose(pb, alone, rtol=1e-6)
+    assert np.array_equal(pbig[:900], pb) and np.array_equal(pbig[-300:], pa) and np.all(pa > 0)
+
+
+def test_surfaces_already_computed_are_taken_and_a_group_missing_one_is_computed(monkeypatch):
+    """``predict_table(surfaces=…)``: a group whose rows all have their surface time takes it (no
+    program runs) and gives the same table as computing it; a group with one NaN is computed."""
+    import pandas as pd
+    from roofcal.model import coeffs as C
+    from roofcal.model import correction as K
+    from roofcal.model.predict import predict_table
+    c = C.load("coeffs/a100_sxm.yaml")
+    params = {"ops": c.kernel_sets[c.kernels].ops, "step": K.neutral_step_params()}
+    gpu = load_gpu("a100_sxm")
+    df = pd.DataFrame({"gpu": "a100_sxm", "op": ["gemm"] * 3 + ["allreduce"] * 2,
+                       "dtype": ["bf16"] * 3 + ["custom"] * 2, "m": [16, 256, 4096, np.nan, np.nan],
+                       "n": [4096] * 3 + [np.nan] * 2, "k": [4096] * 3 + [np.nan] * 2,
+                       "bytes": [np.nan] * 3 + [1e6, 1e8], "num_gpus": [np.nan] * 3 + [8, 8],
+                       "latency_us": [20.0, 60.0, 500.0, 15.0, 400.0]})
+    fresh = predict_table(df, params, gpu, surface=True)
+    runs, jitted = [], K.op_time_z
+    monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm: runs.append(1) or jitted(p, z, tc, tm))
+    known = fresh["surface_us"].to_numpy().copy()
+    pd.testing.assert_frame_equal(predict_table(df, params, gpu, surface=True, surfaces=known), fresh)
+    assert runs == []
+    known[4] = np.nan                                       # the all-reduce group: computed again
+    pd.testing.assert_frame_equal(predict_table(df, params, gpu, surface=True, surfaces=known), fresh)
+    assert runs == [1]
