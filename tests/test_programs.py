@@ -235,6 +235,32 @@ def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
     assert fitted() == compiled
 
 
+def test_a_step_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
+    """The step level's Adam blocks (the splitwise steps, kernels held): their loss is keyed by
+    value (``fit.HeldKernelsLoss``), so the program is compiled for the store and read back
+    without tracing; with the store off, through ``jax.jit``: the same parameters to the bit."""
+    from roofcal.calibration import optim
+    from roofcal.calibration.fit import FitSettings, fit_steps, split_groups
+    from roofcal.measurements.stepdata import read_splitwise
+    from roofcal.model import coeffs as coeff_io
+    sets = read_splitwise("data/steps/splitwise/llama2-70b_h100-80gb_tp4_tp8.csv")
+    kernels = coeff_io.load("coeffs/h100_sxm.yaml", "h100_sxm").params["ops"]
+    masks = [~split_groups(d.config, 0.2, 1) for d in sets]
+    settings = FitSettings(progress=False, step_iters=100)
+
+    def fitted():
+        step = fit_steps(sets, kernels, settings, masks)["step"]
+        return b"".join(np.asarray(step[k]).tobytes() for k in sorted(step))
+    compiled = fitted()
+    assert "adam_block" in {f.name.split("-")[0] for f in files(store)}
+    P._loaded.clear()
+    read, traced = traces(fitted)
+    adam = [p for k, p in P._loaded.items() if k[0] is optim._adam_block.fn]
+    assert read == compiled and traced == 0 and len(adam) == 1 and adam[0] is not P.JIT
+    P.keep_in(None)
+    assert fitted() == compiled
+
+
 def test_the_store_keeps_the_last_used_sources(store):
     """Programs of each roofcal source sit in a subfolder of their own; a write removes those of
     other sources but the KEEP_SOURCES − 1 last used."""

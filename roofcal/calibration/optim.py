@@ -13,7 +13,6 @@ Objectives have the form ``loss_fn(params, data)`` with ``loss_fn`` a module-lev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
@@ -24,9 +23,9 @@ import optax
 from roofcal.programs import stored
 
 
-#: on jax.jit, not the store: its one caller's loss (fit.fit_steps) closes over the step data,
-#: which no key can name (programs.text_of)
-@partial(jax.jit, static_argnames=("loss_fn", "length", "lr", "total", "final"))
+#: in the store for a loss it can key (fit.HeldKernelsLoss); one that closes over its data
+#: (fit.fit_steps with the kernels free) runs on jax.jit (programs.text_of)
+@stored(static_argnames=("loss_fn", "length", "lr", "total", "final"))
 def _adam_block(loss_fn, params, state, data, length, lr, total, final):
     opt = optax.adam(optax.cosine_decay_schedule(lr, total, final))
 
