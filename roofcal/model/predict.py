@@ -262,9 +262,9 @@ def op_rows(n: int) -> int:
 def in_blocks(fn, n: int, tree, fill: float = 1.0):
     """``fn(tree)`` for a pytree of arrays of ``n`` rows (leading axis) and a row-wise ``fn``,
     computed in blocks of :func:`op_rows` rows (the last padded with ``fill``) and put back
-    together as NumPy arrays of ``n`` rows. A row's value does not depend on the table around
-    it, only on the block size (XLA's code for another row count may round a row's last bit
-    otherwise: 2 of the H100 tables' 262,992 ideal memory times at 2,048 against 4,096).
+    together as NumPy arrays of ``n`` rows. A row's value does not depend on the rows around it,
+    only on its block's size, 256 or 4,096 (XLA's code for another row count may round a row's
+    last bit otherwise: 2 of the H100 tables' 262,992 ideal memory times at 2,048 against 4,096).
     Blocks keep the temporaries small and reused (the MoE routing sums: 4,096 rows × 512
     experts); whole groups of up to 65,536 rows took fresh memory at every call (a warm
     ``roofcal fit``: 563,000 page faults, 227,000 in blocks; docs/limits.md, "Fit speed")."""
