@@ -479,15 +479,17 @@ def fit_kernels(data: dict, settings: FitSettings, prior: dict | None = None,
     return {k: done[k] for k in sorted(done)}
 
 
-def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec) -> np.ndarray:
+def surface_times(rows: pd.DataFrame, ops: dict, gpu: GPUSpec, ideal: IdealTimes | None = None) -> np.ndarray:
     """µs of each per-op row of a kind with measured shapes' curves predicted by its surface
     alone (what a shape no table measured gets); NaN for the other rows (:func:`predict_table`'s
-    ``surface_us``, which the fit's metrics take from their own prediction)."""
+    ``surface_us``, which the fit's metrics take from their own prediction). ``ideal``: the
+    rows' ideal times, when already computed."""
     sel = rows["op"].isin(list(curves.AXES)).to_numpy()
     out = np.full(len(rows), np.nan)
     if sel.any():
+        at = np.flatnonzero(sel)
         out[sel] = predict_table(rows[sel].reset_index(drop=True), {"ops": ops, "step": K.neutral_step_params()},
-                                 gpu, surface=True)["surface_us"].to_numpy()
+                                 gpu, surface=True, ideal=None if ideal is None else ideal.take(at))["surface_us"].to_numpy()
     return out
 
 
@@ -496,25 +498,17 @@ def add_curves(ops: dict, rows: pd.DataFrame, train: np.ndarray, gpu: GPUSpec,
     """Give each fitted kernel of a kind with a curve axis the curves of its measured shapes
     (:mod:`roofcal.model.curves`): the log-ratio of its training rows (``rows`` where ``train``;
     every row not held out, also those beyond the fit's row cap) to its fitted surface. In place.
-    The surface predicts all ``rows`` of those kinds, which are returned (µs; NaN for the other
-    rows): a kernel set's metrics take them instead of predicting them again
-    (:func:`predict_table`'s ``surfaces``); ``ideal``: the rows' ideal times, when already
-    computed."""
-    keep = rows["op"].isin(list(curves.AXES)).to_numpy()
-    out = np.full(len(rows), np.nan)
-    rows, train = rows[keep].reset_index(drop=True), np.asarray(train)[keep]
-    if not len(rows):
-        return out
-    ideal = None if ideal is None else ideal.take(np.flatnonzero(keep))
-    surface = predict_table(rows, {"ops": curves.surfaces(ops), "step": K.neutral_step_params()},
-                            gpu, ideal=ideal)["predicted_us"].values
+    The surface prices all ``rows`` of those kinds (:func:`surface_times`), which are returned:
+    a kernel set's metrics take them instead of predicting them again (:func:`predict_table`'s
+    ``surfaces``); ``ideal``: the rows' ideal times, when already computed."""
+    surface = surface_times(rows, ops, gpu, ideal)
+    train = np.asarray(train)
     for _, op, dt, idx in groups(rows):
         key, idx = K.op_key(op, dt), idx[train[idx]]
-        if key in ops and len(idx):
+        if op in curves.AXES and key in ops and len(idx):
             ops[key] = {**ops[key], "curves": curves.fit_curves(
                 op, rows.iloc[idx], rows["latency_us"].values[idx], surface[idx])}
-    out[keep] = surface
-    return out
+    return surface
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,37 +597,35 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
     sets = [(d, [(what, *K.on_device((w, np.nan_to_num(measured(d, f), nan=1.0))))
                  for (f, what), w in zip(terms, ws)], _gpu(d.gpu))
             for d, ws in zip(datasets, masks)]
-    free_kernels = settings.finetune > 0
+    if settings.finetune <= 0:          # kernels held: their times are data (HeldKernelsLoss)
+        loss = HeldKernelsLoss(tuple((d.model, d.tp, tuple(what for what, *_ in ys)) for d, ys, _ in sets))
+        data = (tuple(parts), tuple(tuple((w, y) for _, w, y in ys) for _, ys, _ in sets), center, strength)
+        x, _ = minimize(loss, {"step": params["step"]}, data, settings.step_iters, settings.lr,
+                        desc="steps", progress=settings.progress)
+        return {"ops": kernel_params, "step": x["step"]}
+
+    # kernels free, held near stage 1 by finetune pseudo-rows: the loss prices every step's
+    # kernels and closes over the steps (its Adam program runs on jax.jit, not the store)
     surfaces = curves.surfaces(kernel_params)
     k_strength = jax.tree_util.tree_map(lambda x: np.full(np.shape(x), settings.finetune / n, np.float32),
                                         surfaces)
-
     frozen = {k: p["curves"] for k, p in kernel_params.items() if "curves" in p}   # never move
     attach = lambda ops: {k: {**p, **({"curves": frozen[k]} if k in frozen else {})} for k, p in ops.items()}
 
     def loss(x, data=None):
-        ops = attach(x["ops"]) if free_kernels else kernel_params
-        ps = {"ops": ops, "step": x["step"]}
+        ps = {"ops": attach(x["ops"]), "step": x["step"]}
         total, count = 0.0, 0.0
-        for (d, ys, g), part in zip(sets, data):
-            # kernels held: their times are data, the program holds the step level alone
-            out = step_breakdown(ps, d.model, g, d.tp, d.batch) if free_kernels else \
-                combine(x["step"], d.model, d.tp, *part)
+        for d, ys, g in sets:
+            out = step_breakdown(ps, d.model, g, d.tp, d.batch)
             for what, w, y in ys:
                 total = total + log_ratio_sq(predicted(out, what), y, w) * jnp.sum(w)
                 count = count + jnp.sum(w)
-        reg = prior_penalty(x["step"], center, strength)
-        if free_kernels:
-            reg = reg + prior_penalty(x["ops"], surfaces, k_strength)
+        reg = prior_penalty(x["step"], center, strength) + prior_penalty(x["ops"], surfaces, k_strength)
         return total / count + reg
 
-    x = {"step": params["step"], **({"ops": surfaces} if free_kernels else {})}
-    if not free_kernels:
-        loss = HeldKernelsLoss(tuple((d.model, d.tp, tuple(what for what, *_ in ys)) for d, ys, _ in sets))
-        parts = (tuple(parts), tuple(tuple((w, y) for _, w, y in ys) for _, ys, _ in sets), center, strength)
-    x, _ = minimize(loss, x, tuple(parts), settings.step_iters, settings.lr, desc="steps",
-                    progress=settings.progress)
-    return {"ops": attach(x["ops"]) if free_kernels else kernel_params, "step": x["step"]}
+    x, _ = minimize(loss, {"step": params["step"], "ops": surfaces}, None, settings.step_iters,
+                    settings.lr, desc="steps", progress=settings.progress)
+    return {"ops": attach(x["ops"]), "step": x["step"]}
 
 
 # --------------------------------------------------------------------------------------------
