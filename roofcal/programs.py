@@ -82,31 +82,42 @@ def folder() -> Path | None:
 JIT = "jit"
 
 
-#: XLA's options for a program compiled for its compile time (``stored(…, fast_compile=True)``):
-#: LLVM without its optimisation passes. For programs run once or twice a process, whose
-#: compiling is their cost: ``combine.kernel_breakdown``'s took 1.9–2.1 s of CPU at the
-#: default level, 1.1–1.2 s at this one, and runs in 1–2 ms either way. Its floats may differ from
-#: the optimised program's in the last bit (docs/limits.md, "Fit speed").
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+#: XLA's options for a program whose compiling outweighs its running, when it has many fusions
+#: (``stored(…, options=LIGHT)``): the CPU backend's older fusion emitters, which write each
+#: fusion's LLVM IR directly, where the newer ones build it through MLIR, in a context of its own
+#: (dialects registered, rewrite patterns frozen, then torn down: a quarter to a half of a
+#: program's compile time). ``correction.op_time_z`` compiles in 0.12–0.38 s of CPU, not
+#: 0.17–0.79, and runs as fast. The L-BFGS loops are left at the default: compiled in 0.47–0.63
+#: s rather than 0.63–1.10, they run 8–43 % slower an iteration, and run hundreds of times.
+#: Floats may differ from the default program's in the last bit (docs/limits.md, "Fit speed").
+LIGHT = {"xla_cpu_use_fusion_emitters": False}
+
+#: XLA's options for a program compiled for its compile time (``stored(…, options=FAST_COMPILE)``):
+#: :data:`LIGHT`, and LLVM without its optimisation passes. For programs run once or twice a
+#: process, whose compiling is their cost: ``combine.kernel_breakdown``'s took 1.05 s of CPU at
+#: the default level, 0.69 s at level 0, 0.50 s with the older emitters too, and runs in 1–4 ms
+#: every way. Floats may differ from the optimised program's in the last bit.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, **LIGHT}
 
 
-def stored(fn=None, *, static_argnames=(), fast_compile=False):
-    """Decorator: :class:`Stored` ``fn`` (``@stored`` or ``@stored(static_argnames=(…))``)."""
+def stored(fn=None, *, static_argnames=(), options=None):
+    """Decorator: :class:`Stored` ``fn`` (``@stored`` or ``@stored(static_argnames=(…))``);
+    ``options``: XLA's compiler options (:data:`LIGHT`, :data:`FAST_COMPILE`), or None."""
     if fn is None:
-        return functools.partial(stored, static_argnames=static_argnames, fast_compile=fast_compile)
-    return Stored(fn, static_argnames, fast_compile)
+        return functools.partial(stored, static_argnames=static_argnames, options=options)
+    return Stored(fn, static_argnames, options)
 
 
 class Stored:
     """``jax.jit(fn, static_argnames=…)`` whose compiled programs are kept in the store (module
     docstring); called like ``fn``. ``jitted`` is the plain ``jax.jit`` function, which a call
-    inside another trace uses; with ``fast_compile`` a call outside one compiles with
-    :data:`FAST_COMPILE` (``top``)."""
+    inside another trace uses; with ``options`` a call outside one compiles with those compiler
+    options (``top``)."""
 
-    def __init__(self, fn, static_argnames=(), fast_compile=False):
+    def __init__(self, fn, static_argnames=(), options=None):
         import jax
         self.fn, self.static = fn, tuple(static_argnames)
-        self.options = dict(FAST_COMPILE) if fast_compile else None
+        self.options = dict(options) if options else None
         self.variant = tuple(sorted((self.options or {}).items()))    # in the in-process key
         self.jitted = jax.jit(fn, static_argnames=self.static)
         self.top = self.jitted if self.options is None else \

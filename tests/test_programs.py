@@ -160,12 +160,14 @@ def test_a_damaged_file_is_compiled_again_and_rewritten(store):
     assert traces(lambda: K.features(Z, LO, HI, 2))[1] == 0
 
 
-def test_a_fast_compiled_program_is_kept_apart_and_its_calls_inside_traces_are_not(store):
-    """``fast_compile`` (``combine.kernel_breakdown``, ``combine.combined``): called outside a
-    trace, XLA compiles it with ``FAST_COMPILE``, its own key; inside a trace it is part of the
+@pytest.mark.parametrize("options", [P.FAST_COMPILE, P.LIGHT], ids=["fast_compile", "light"])
+def test_a_program_with_compiler_options_is_kept_apart_and_its_calls_inside_traces_are_not(store, options):
+    """``options`` (``FAST_COMPILE``: ``combine.kernel_breakdown``, ``combine.combined``, the small
+    L-BFGS and the held-kernels Adam; ``LIGHT``: ``correction.op_time_z``): called outside a
+    trace, XLA compiles it with those options, its own key; inside a trace it is part of the
     caller's program, which ``compiler_options`` may not be given to. Its values are the
-    optimised program's up to the last bit; the store's and the unstored ones are the same."""
-    fast = P.stored(K.features.fn, static_argnames=("degree",), fast_compile=True)
+    default program's up to the last bit; the store's and the unstored ones are the same."""
+    fast = P.stored(K.features.fn, static_argnames=("degree",), options=options)
     out = np.asarray(fast(Z, LO, HI, 3))
     np.testing.assert_allclose(out, np.asarray(K.features.jitted(Z, LO, HI, 3)), rtol=1e-6)
     K.features(Z, LO, HI, 3)
@@ -237,8 +239,9 @@ def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
 
 def test_a_step_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
     """The step level's Adam blocks (the splitwise steps, kernels held): their loss is keyed by
-    value (``fit.HeldKernelsLoss``), so the program is compiled for the store and read back
-    without tracing; with the store off, through ``jax.jit``: the same parameters to the bit."""
+    value (``fit.HeldKernelsLoss``), so the program is compiled (for its compile time, cheap to
+    run) for the store and read back without tracing; with the store off, through ``jax.jit``
+    with the same options: the same parameters to the bit."""
     from roofcal.calibration import optim
     from roofcal.calibration.fit import FitSettings, fit_steps, split_groups
     from roofcal.measurements.stepdata import read_splitwise
@@ -255,8 +258,9 @@ def test_a_step_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
     assert "adam_block" in {f.name.split("-")[0] for f in files(store)}
     P._loaded.clear()
     read, traced = traces(fitted)
-    adam = [p for k, p in P._loaded.items() if k[0] is optim._adam_block.fn]
-    assert read == compiled and traced == 0 and len(adam) == 1 and adam[0] is not P.JIT
+    adam = [(k[1], p) for k, p in P._loaded.items() if k[0] is optim._adam_block.fn]
+    assert read == compiled and traced == 0 and len(adam) == 1 and adam[0][1] is not P.JIT
+    assert adam[0][0] == optim._adam_block_fast.variant != optim._adam_block.variant   # FAST_COMPILE
     P.keep_in(None)
     assert fitted() == compiled
 

@@ -18,7 +18,7 @@ from roofcal.physics.decompose import step_ops
 from roofcal.physics.hardware import GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
 from roofcal.physics.steps import StepBatch, step_totals
-from roofcal.programs import stored
+from roofcal.programs import FAST_COMPILE, stored
 
 #: breakdown column for the step-level overheads
 OVERHEAD = "overhead"
@@ -117,7 +117,7 @@ def combine(step: dict, model: ModelSpec, tp: int, t, kernels: dict) -> dict:
 #: :func:`combine` compiled: one program per (model, TP) and step count, where a step level is
 #: computed outside a trace (a fit's start and metrics; :func:`kernel_breakdown`); run a few
 #: times a fit, so compiled for its compile time (``programs.FAST_COMPILE``)
-combined = stored(combine, static_argnames=("model", "tp"), fast_compile=True)
+combined = stored(combine, static_argnames=("model", "tp"), options=FAST_COMPILE)
 
 
 def gpu_side(out: dict):
@@ -212,7 +212,7 @@ def kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batc
     return jax.tree_util.tree_map(lambda v: jax.device_put(np.asarray(v)[:n]), (t, times))
 
 
-@stored(static_argnames=("model", "gpu", "tp"), fast_compile=True)
+@stored(static_argnames=("model", "gpu", "tp"), options=FAST_COMPILE)
 def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
     """:func:`kernel_breakdown` of ``batch`` as given; run once or twice a fit, so compiled for
     its compile time (``programs.FAST_COMPILE``)."""

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from roofcal.programs import stored
+from roofcal.programs import LIGHT, stored
 
 
 @dataclass(frozen=True)
@@ -329,9 +329,10 @@ def op_time(p: dict, kind: str, shape, tc, tm):
     return corrected_time(p, ec, em, tc, tm)
 
 
-@stored
+@stored(options=LIGHT)
 def op_time_z(p: dict, z, tc, tm):
-    """:func:`op_time` from standardized shapes ``z``."""
+    """:func:`op_time` from standardized shapes ``z`` (compiled :data:`~roofcal.programs.LIGHT`:
+    a program per kind and block size, run a few dozen times a fit)."""
     ec, em = efficiencies_z(p, z)
     return corrected_time(p, ec, em, tc, tm)
 
