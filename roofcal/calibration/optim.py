@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from roofcal.programs import stored
+from roofcal.programs import FAST_COMPILE, stored
 
 
 #: in the store for a loss it can key (fit.HeldKernelsLoss); one that closes over its data
@@ -39,6 +39,13 @@ def _adam_block(loss_fn, params, state, data, length, lr, total, final):
     return params, state, values[-1]
 
 
+#: :func:`_adam_block` compiled for its compile time (``programs.FAST_COMPILE``), for a loss that
+#: costs little to run (:func:`minimize`'s ``fast_compile``): the step level with its kernels
+#: held, 10 blocks of 50 steps over 210 steps, compiles in 0.31 s of CPU, not 0.80, and runs its
+#: blocks in 4.5 ms rather than 0.8
+_adam_block_fast = stored(_adam_block.fn, static_argnames=_adam_block.static, options=FAST_COMPILE)
+
+
 @stored(static_argnames=("lr", "total", "final"))
 def _adam_init(params, lr, total, final):
     """Adam's state at ``params`` (one program, not one per array)."""
@@ -46,12 +53,15 @@ def _adam_init(params, lr, total, final):
 
 
 def minimize(loss_fn: Callable, params, data, steps: int, lr: float, desc: str = "fit",
-             chunks: int = 10, progress: bool = True, final_lr_fraction: float = 0.01):
+             chunks: int = 10, progress: bool = True, final_lr_fraction: float = 0.01,
+             fast_compile: bool = False):
     """Minimise ``loss_fn(params, data)`` with Adam; returns (params, final loss).
 
     ``steps`` iterations with a cosine decay from ``lr`` to ``lr·final_lr_fraction``, run as
-    ``chunks`` jitted ``lax.scan`` blocks so a progress bar can advance between them.
+    ``chunks`` jitted ``lax.scan`` blocks so a progress bar can advance between them; with
+    ``fast_compile`` (a loss cheap to run) compiled for compile time (:data:`_adam_block_fast`).
     """
+    block = _adam_block_fast if fast_compile else _adam_block
     per = max(1, steps // chunks)
     total = per * chunks
     state = _adam_init(params, lr, total, final_lr_fraction)
@@ -61,8 +71,7 @@ def minimize(loss_fn: Callable, params, data, steps: int, lr: float, desc: str =
         bar = tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True)
     value = float("nan")
     for _ in range(chunks):
-        params, state, v = _adam_block(loss_fn, params, state, data, per, lr, total,
-                                       final_lr_fraction)
+        params, state, v = block(loss_fn, params, state, data, per, lr, total, final_lr_fraction)
         value = float(v)
         if bar is not None:
             bar.update(per)
@@ -164,6 +173,12 @@ def _lbfgs_block(loss_fn, search, fails, data, length):
     return search, fails, i
 
 
+#: :func:`_lbfgs_block` compiled for its compile time (``programs.FAST_COMPILE``), for a small
+#: objective (:func:`lbfgs`'s ``fast_compile``): an all-reduce's, 101 rows × 35 terms, compiles
+#: in 0.20 s of CPU, not 0.71, and its 40 blocks of a fit run in 0.10 s rather than 0.04
+_lbfgs_block_fast = stored(_lbfgs_block.fn, static_argnames=_lbfgs_block.static, options=FAST_COMPILE)
+
+
 @dataclass(frozen=True)
 class OnVector:
     """``loss_fn(params, data)`` of a dict of float32 arrays, called with one vector that holds
@@ -199,22 +214,25 @@ def unflattened(x, layout: tuple) -> dict:
     return out
 
 
-def lbfgs(loss_fn: Callable, params: dict, data, steps: int, chunks: int = 1, tol: float = 0.0):
+def lbfgs(loss_fn: Callable, params: dict, data, steps: int, chunks: int = 1, tol: float = 0.0,
+          fast_compile: bool = False):
     """Minimise ``loss_fn(params, data)`` over a dict of float32 arrays with optax L-BFGS (on
     them laid end to end: :class:`OnVector`); returns (params, final loss).
 
     ``steps`` iterations in ``chunks`` jitted blocks; with ``tol`` > 0 it stops after the first
     block that lowers the loss by less than ``tol`` (relative) — deterministic, as the blocks
     are fixed. It stops earlier, inside a block, once :data:`FAILED_SEARCHES` line searches in
-    a row found no decrease."""
+    a row found no decrease. With ``fast_compile`` (an objective cheap to run) its program is
+    compiled for compile time (:data:`_lbfgs_block_fast`)."""
     layout = layout_of(params)
     on_vector = OnVector(loss_fn, layout)
     search = start(flattened(params, layout))
     fails = jax.device_put(np.int32(0))        # on the host: no XLA program
     per = max(1, steps // chunks)
     value = float("nan")
+    block = _lbfgs_block_fast if fast_compile else _lbfgs_block
     for _ in range(chunks):
-        search, fails, _ = _lbfgs_block(on_vector, search, fails, data, per)
+        search, fails, _ = block(on_vector, search, fails, data, per)
         last, value = value, float(search.value)
         if int(fails) >= FAILED_SEARCHES:
             break
