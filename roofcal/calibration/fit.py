@@ -281,8 +281,9 @@ def grown(d: KernelData, rows: int, shapes: int) -> KernelData:
 #: computed at every step; held out, 0.14's attention −0.006 to −0.002 points). The cost is
 #: decode's: its 126 terms take 0.70 ms an L-BFGS iteration at 4,348 rows, 1.06 ms at 10,000.
 #: Prefill's 84 take 0.137 and 0.166 ms, so prefill alone is padded: one program fewer (≈ 0.7 s
-#: of CPU to compile, 0.15 s to trace) for ≈ 0.05 s more a warm fit (1,670 iterations);
-#: held out, 0.14's prefill 5.351 → 5.348 % (bf16) and 5.467 → 5.462 % (fp8)
+#: of CPU to compile, 0.15 s to trace) for 0.10 s more of CPU a warm fit (its two fits timed
+#: alone: 0.151 → 0.190 s, 0.145 → 0.206 s); held out, 0.14's prefill 5.351 → 5.348 % (bf16)
+#: and 5.467 → 5.462 % (fp8)
 SHARED_SIZE_KINDS = ("gemm", "moe", "allreduce", "attn_prefill")
 
 
@@ -374,14 +375,6 @@ def factored_objective(p: dict, data: tuple):
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
-#: rows × surface terms below which a kernel's L-BFGS is compiled for its compile time
-#: (``optim.lbfgs``'s ``fast_compile``: XLA's level 0 and older emitters). The H100 all-reduces
-#: (101 × 35): compiled in 0.20 s of CPU rather than 0.71, run in 0.10 s rather than 0.04; the
-#: next smallest, 0.14's attention prefill (4,366 × 84), would run its blocks in 1.0 s, not 0.24.
-#: A few-shot fit (``--max-rows 50``) has every kernel below it: cold 8.2 → 5.2 s, warm the same
-FAST_COMPILE_WORK = 100_000
-
-
 def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | None) -> dict:
     """Fit one kernel kind/variant by continuation in the surface degree.
 
@@ -411,8 +404,7 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
         data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
         q, value = lbfgs(objective, p, data, settings.kernel_iters,
-                         chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL,
-                         fast_compile=-kernel_work(d) < FAST_COMPILE_WORK)
+                         chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL)
         if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
             p, best = q, value
     return {**p, **bounds}

@@ -131,20 +131,3 @@ def test_equal_objectives_on_vectors_are_one_static_argument():
     assert optim.OnVector(_bowl, layout) != optim.OnVector(_spread, layout)
     np.testing.assert_allclose(float(optim.OnVector(_bowl, layout)(jnp.asarray([3.0, -1.0]), ())),
                                10.0)
-
-
-def test_a_fast_compiled_lbfgs_is_a_program_of_its_own_with_the_same_minimum():
-    """``fast_compile`` (a kernel fit whose objective is small, ``fit.FAST_COMPILE_WORK``): the
-    same loop compiled at XLA's level 0 with the older emitters, a program apart from the
-    default one, reaching the same minimum to float rounding."""
-    p = {"a": jnp.zeros(5, jnp.float32), "b": jnp.asarray(0.0, jnp.float32),
-         "c": jnp.zeros((2, 3), jnp.float32)}                   # a layout no other test builds
-    fast, default = optim._lbfgs_block_fast.programs(), optim._lbfgs_block.programs()
-    q, value = optim.lbfgs(_spread, p, (), 60, chunks=3, fast_compile=True)
-    assert optim._lbfgs_block_fast.programs() == fast + 1 and optim._lbfgs_block.programs() == default
-    r, again = optim.lbfgs(_spread, p, (), 60, chunks=3)
-    assert optim._lbfgs_block.programs() == default + 1
-    for k in p:
-        np.testing.assert_allclose(np.asarray(q[k]), np.asarray(r[k]), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(q["a"]), np.ones(5), atol=1e-3)
-    assert value == float(_spread(q, ())) and value < 1e-6 and again < 1e-6
