@@ -162,8 +162,8 @@ def test_a_damaged_file_is_compiled_again_and_rewritten(store):
 
 @pytest.mark.parametrize("options", [P.FAST_COMPILE, P.LIGHT], ids=["fast_compile", "light"])
 def test_a_program_with_compiler_options_is_kept_apart_and_its_calls_inside_traces_are_not(store, options):
-    """``options`` (``FAST_COMPILE``: ``combine.kernel_breakdown``, ``combine.combined``, the small
-    L-BFGS and the held-kernels Adam; ``LIGHT``: ``correction.op_time_z``): called outside a
+    """``options`` (``FAST_COMPILE``: ``combine.kernel_breakdown``, ``combine.combined``, the
+    held-kernels Adam; ``LIGHT``: ``correction.op_time_z``): called outside a
     trace, XLA compiles it with those options, its own key; inside a trace it is part of the
     caller's program, which ``compiler_options`` may not be given to. Its values are the
     default program's up to the last bit; the store's and the unstored ones are the same."""
