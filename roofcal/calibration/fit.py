@@ -76,6 +76,17 @@ def predicted(out: dict, what: str):
     return out["total"] if what == "step" else gpu_side(out)
 
 
+def steps_error(terms):
+    """Mean squared log-ratio of predicted to measured steps over ``terms``, an iterable of
+    (:func:`step_breakdown` output, quantity, training weights (S,), measured µs (S,)): each
+    term's mean weighted by its weight (stage 2's data term, whether the kernels move or not)."""
+    total, count = 0.0, 0.0
+    for out, what, w, y in terms:
+        total = total + log_ratio_sq(predicted(out, what), y, w) * jnp.sum(w)
+        count = count + jnp.sum(w)
+    return total / count
+
+
 #: L-BFGS iterations per block of a kernel fit, and the relative gain of the loss over a block
 #: below which a degree stage stops: lower-degree stages (warm starts) converge in 50–250 of their
 #: 400 iterations, while the full degree still improves at 400 (moe/bf16: −1.7 % over its last 50)
@@ -560,13 +571,11 @@ class HeldKernelsLoss:
 
     def __call__(self, x, data):
         parts, targets, center, strength = data
-        total, count = 0.0, 0.0
-        for (model, tp, whats), part, wy in zip(self.deployments, parts, targets):
-            out = combine(x["step"], model, tp, *part)
-            for what, (w, y) in zip(whats, wy):
-                total = total + log_ratio_sq(predicted(out, what), y, w) * jnp.sum(w)
-                count = count + jnp.sum(w)
-        return total / count + prior_penalty(x["step"], center, strength)
+        outs = [combine(x["step"], model, tp, *part)
+                for (model, tp, _), part in zip(self.deployments, parts)]
+        terms = ((out, what, w, y) for out, (_, _, whats), wy in zip(outs, self.deployments, targets)
+                 for what, (w, y) in zip(whats, wy))
+        return steps_error(terms) + prior_penalty(x["step"], center, strength)
 
 
 def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_masks: list,
@@ -619,14 +628,10 @@ def fit_steps(datasets: list, kernel_params: dict, settings: FitSettings, train_
 
     def loss(x, data=None):
         ps = {"ops": attach(x["ops"]), "step": x["step"]}
-        total, count = 0.0, 0.0
-        for d, ys, g in sets:
-            out = step_breakdown(ps, d.model, g, d.tp, d.batch)
-            for what, w, y in ys:
-                total = total + log_ratio_sq(predicted(out, what), y, w) * jnp.sum(w)
-                count = count + jnp.sum(w)
+        outs = [step_breakdown(ps, d.model, g, d.tp, d.batch) for d, _, g in sets]
+        terms = ((out, what, w, y) for out, (_, ys, _) in zip(outs, sets) for what, w, y in ys)
         reg = prior_penalty(x["step"], center, strength) + prior_penalty(x["ops"], surfaces, k_strength)
-        return total / count + reg
+        return steps_error(terms) + reg
 
     x, _ = minimize(loss, {"step": params["step"], "ops": surfaces}, None, settings.step_iters,
                     settings.lr, desc="steps", progress=settings.progress)
