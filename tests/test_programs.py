@@ -214,25 +214,34 @@ def test_keys_are_texts_of_values_not_of_addresses():
             P.text_of(x)
 
 
-def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
+@pytest.mark.parametrize("start, fewer, fast", [("cold", 0, False), ("warm", 0, True), ("warm", 1, False)])
+def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store, monkeypatch, start, fewer, fast):
     """The L-BFGS blocks of a kernel fit (40 all-reduce rows), compiled for the store, read back
-    from it, and through ``jax.jit`` with the store off: the same parameters to the bit."""
-    from roofcal.calibration.fit import FitSettings, fit_one, kernel_data
+    from it, and through ``jax.jit`` with the store off: the same parameters to the bit. A fit
+    started from a fitted kernel (a few-shot refit) on at most ``fit.QUICK_FIT_ROWS`` rows runs
+    them compiled for compile time; a fit from scratch, or on ``fewer`` rows than it has, as
+    they run fastest."""
+    from roofcal.calibration import fit as F, optim
     from roofcal.measurements.ops import read_ops
     from roofcal.physics.hardware import load_gpu
     t = read_ops("data/microbench/h100_sxm/vllm-0.24.0/custom_allreduce_perf.parquet").iloc[:40]
-    settings = FitSettings(progress=False, kernel_iters=100)
-    d = next(iter(kernel_data(t.reset_index(drop=True), load_gpu("h100_sxm"), np.zeros(len(t), bool),
-                              settings).values()))
+    settings = F.FitSettings(progress=False, kernel_iters=100)
+    d = next(iter(F.kernel_data(t.reset_index(drop=True), load_gpu("h100_sxm"), np.zeros(len(t), bool),
+                                settings).values()))
+    monkeypatch.setattr(F, "QUICK_FIT_ROWS", int(np.asarray(d.train).sum()) - fewer)
+    init = F.fit_one(d, F.FitSettings(progress=False, kernel_iters=20)) if start == "warm" else None
 
     def fitted():
-        p = fit_one(d, settings)
+        p = F.fit_one(d, settings, init=init)
         return b"".join(np.asarray(p[k]).tobytes() for k in sorted(p))
     compiled = fitted()
     assert "lbfgs_block" in {f.name.split("-")[0] for f in files(store)}
     P._loaded.clear()
     read, traced = traces(fitted)
     assert traced == 0 and read == compiled
+    used = {k[1] for k in P._loaded if k[0] is optim._lbfgs_block.fn}
+    assert used == {(optim._lbfgs_block_fast if fast else optim._lbfgs_block).variant}
+    assert optim._lbfgs_block_fast.variant != optim._lbfgs_block.variant
     P.keep_in(None)
     assert fitted() == compiled
 

@@ -93,6 +93,13 @@ def steps_error(terms):
 KERNEL_BLOCK = 50
 KERNEL_TOL = 1e-4
 
+#: training rows up to which a warm-started kernel fit (a few-shot refit from ``--prior``: one
+#: stage, from near its optimum) runs L-BFGS compiled for compile time (``programs.FAST_COMPILE``):
+#: a first few-shot fit of 7 A100 kernels on 50 rows each took 7.3 s, 5 of them compiling its 5
+#: L-BFGS programs, and takes 4.2 s; later runs 0.1 s more on 300 rows a kernel, but 1.0 s more
+#: on up to 7,392 (2026-11-29, docs/limits.md "Fit speed")
+QUICK_FIT_ROWS = 1_000
+
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean
 #: held-out A100 error over 30–1000 rows among κ = 0.1, 0.3, 1, 3, 10 (roofcal.bench.transfer)
 FEW_SHOT_KAPPA = 1.0
@@ -415,7 +422,8 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
         data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
         q, value = lbfgs(objective, p, data, settings.kernel_iters,
-                         chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL)
+                         chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL,
+                         fast_compile=init is not None and n <= QUICK_FIT_ROWS)
         if np.isfinite(value) and value <= best:       # a diverged stage keeps the simpler fit
             p, best = q, value
     return {**p, **bounds}

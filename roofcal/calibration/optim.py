@@ -173,6 +173,11 @@ def _lbfgs_block(loss_fn, search, fails, data, length):
     return search, fails, i
 
 
+#: :func:`_lbfgs_block` compiled for its compile time (``programs.FAST_COMPILE``), for a short run
+#: on few rows (:func:`lbfgs`'s ``fast_compile``)
+_lbfgs_block_fast = stored(_lbfgs_block.fn, static_argnames=_lbfgs_block.static, options=FAST_COMPILE)
+
+
 @dataclass(frozen=True)
 class OnVector:
     """``loss_fn(params, data)`` of a dict of float32 arrays, called with one vector that holds
@@ -208,14 +213,17 @@ def unflattened(x, layout: tuple) -> dict:
     return out
 
 
-def lbfgs(loss_fn: Callable, params: dict, data, steps: int, chunks: int = 1, tol: float = 0.0):
+def lbfgs(loss_fn: Callable, params: dict, data, steps: int, chunks: int = 1, tol: float = 0.0,
+          fast_compile: bool = False):
     """Minimise ``loss_fn(params, data)`` over a dict of float32 arrays with optax L-BFGS (on
     them laid end to end: :class:`OnVector`); returns (params, final loss).
 
     ``steps`` iterations in ``chunks`` jitted blocks; with ``tol`` > 0 it stops after the first
     block that lowers the loss by less than ``tol`` (relative) — deterministic, as the blocks
     are fixed. It stops earlier, inside a block, once :data:`FAILED_SEARCHES` line searches in
-    a row found no decrease."""
+    a row found no decrease. With ``fast_compile`` (a run short and cheap) compiled for compile
+    time (:data:`_lbfgs_block_fast`)."""
+    block = _lbfgs_block_fast if fast_compile else _lbfgs_block
     layout = layout_of(params)
     on_vector = OnVector(loss_fn, layout)
     search = start(flattened(params, layout))
@@ -223,7 +231,7 @@ def lbfgs(loss_fn: Callable, params: dict, data, steps: int, chunks: int = 1, to
     per = max(1, steps // chunks)
     value = float("nan")
     for _ in range(chunks):
-        search, fails, _ = _lbfgs_block(on_vector, search, fails, data, per)
+        search, fails, _ = block(on_vector, search, fails, data, per)
         last, value = value, float(search.value)
         if int(fails) >= FAILED_SEARCHES:
             break
