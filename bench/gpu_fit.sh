@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job (`roofcal fit`) and the few-shot fit, timed on JAX's CUDA backend and on
-# the same machine's CPU (all its cores, then 2), cold (empty compilation cache) and warm; each
-# fit's held-out errors side by side, and whether two warm runs wrote the same bytes.
+# the same machine's CPU (all its cores, then 2), cold (empty compilation cache) and warm, then on
+# the GPU with XLA's command buffers for while loops; each fit's held-out errors side by side, and
+# whether two warm runs wrote the same bytes. Give it fresh cache folders (/tmp/cache_*).
 # Run from the project's root on a machine with a CUDA GPU and jax[cuda]: bench/gpu_fit.sh
 # Writes logs and coefficient files under $OUT (default /tmp/gpu_fit). Measured: docs/limits.md.
 set -u
@@ -45,8 +46,17 @@ timed cpu_few_warm  cpu "${FIT[@]}" "${FEW[@]}" --out "$OUT/o/cpu_few2.yaml"
 timed cpu2_warm     two "${FIT[@]}" --out "$OUT/o/cpu2_warm.yaml"
 timed cpu2_few_warm two "${FIT[@]}" "${FEW[@]}" --out "$OUT/o/cpu2_few.yaml"
 
+# Last, as it may be refused: XLA's command buffers (CUDA graphs) for whole while loops, so that an
+# L-BFGS block runs as one graph launch instead of one launch per fusion and one read-back of the
+# loop's condition per turn (the GPU's ≈ 0.4 ms an iteration, docs/limits.md, "Fit speed")
+CMDBUF="--xla_gpu_deterministic_ops=true --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+graphs() { JAX_PLATFORMS=cuda XLA_FLAGS="$CMDBUF" ROOFCAL_CACHE=/tmp/cache_graphs "$@"; }
+timed graphs_cold   graphs "${FIT[@]}" --out "$OUT/o/graphs_cold.yaml"
+timed graphs_warm   graphs "${FIT[@]}" --out "$OUT/o/graphs_warm.yaml"
+
 cd "$OUT/o" || exit 1
-for p in "gpu_warm1 gpu_warm2" "gpu_cold gpu_warm1" "cpu_warm1 cpu_warm2" "cpu_warm1 cpu2_warm" "gpu_few cpu_few"; do
+for p in "gpu_warm1 gpu_warm2" "gpu_cold gpu_warm1" "cpu_warm1 cpu_warm2" "cpu_warm1 cpu2_warm" "gpu_few cpu_few" \
+         "graphs_cold graphs_warm" "gpu_warm1 graphs_warm"; do
   set -- $p
   cmp -s "$1.yaml" "$2.yaml" && echo "same bytes: $1 $2" || echo "differ: $1 $2"
 done
