@@ -211,6 +211,8 @@ class Stored:
         try:
             write_bytes_atomic(path, blob)
             _mark_used(path.parent, wrote=True)
+            with _lock:
+                _reads.setdefault(path.name, None)  # the next run reads it: loaded ahead then too
         except OSError:                     # a read-only cache: run without keeping it
             pass
         return compiled
@@ -330,7 +332,7 @@ def _configuration() -> tuple:
 
 #: {path: Future of its program} of the programs :func:`prefetch` is loading ahead
 _ahead: dict = {}
-#: names of the files this process read from the store, in the order first read
+#: names of the files this process read from the store or wrote to it, in the order first used
 _reads: dict = {}
 
 
@@ -351,7 +353,7 @@ def _read(path: Path):
 
 def prefetch(name: str) -> None:
     """Start loading, in a background thread, the programs that the last run of ``name`` (a
-    command) read from the store (:func:`remember`), in the order it read them: what a warm run
+    command) read from the store or wrote to it (:func:`remember`), in that order: what a warm run
     would load one by one when first called, on the thread that calls it, while a core sits
     idle as the command reads its inputs (36 programs, ≈ 0.7 s of CPU, in a warm ``roofcal
     fit``). A program asked for before its turn is loaded by the caller; one that no call asks
@@ -382,9 +384,11 @@ def prefetch(name: str) -> None:
 
 
 def remember(name: str) -> None:
-    """Write the files this process read from the store (in the order first read) as the list
-    :func:`prefetch` ``name`` loads ahead next time (``<name>.uses`` beside them; written when it
-    changed, atomically; never an error: the list is a hint)."""
+    """Write the files this process read from the store or wrote to it (in the order first used)
+    as the list :func:`prefetch` ``name`` loads ahead next time (``<name>.uses`` beside them;
+    written when it changed, atomically; never an error: the list is a hint). A first run, which
+    compiles, writes it too, so the second loads ahead (a warm ``roofcal fit`` 7.80 → 7.63 s with
+    its list, 8 pairs)."""
     if _folder is None:
         return
     from roofcal.io import write_bytes_atomic

@@ -136,10 +136,10 @@ def test_fit_reports_which_kernel_set_predictions_use():
     assert set_role(bare, "vllm-0.24.0") == " (default)" and set_role(bare, "vllm-0.14.0") == ""
 
 
-def test_a_command_lists_the_programs_it_read_for_its_next_run_to_load_ahead(tmp_path):
-    """``roofcal predict`` with a fresh store compiles and writes its programs (no list: it read
-    none); the next run reads them and lists them (``predict.uses``), in the order read; the run
-    after loads them ahead (``programs.prefetch``). Every run writes the same bytes."""
+def test_a_command_lists_the_programs_it_used_for_its_next_run_to_load_ahead(tmp_path):
+    """``roofcal predict`` with a fresh store compiles and writes its programs and lists them
+    (``predict.uses``), in the order used; the next runs load them ahead (``programs.prefetch``)
+    and list the same. Every run writes the same bytes."""
     import os
     import subprocess
     import sys
@@ -150,7 +150,7 @@ def test_a_command_lists_the_programs_it_read_for_its_next_run_to_load_ahead(tmp
     steps = tmp_path / "steps.jsonl"
     steps.write_text('{"prefill": [[2048, 0]], "decode": [512, 1024]}\n')
     env = {**os.environ, "ROOFCAL_CACHE": str(tmp_path / "cache"), "ROOFCAL_PROGRAMS": "on"}
-    outs = []
+    outs, lists = [], []
     for i in range(3):
         out = tmp_path / f"pred{i}.csv"
         subprocess.run([sys.executable, "-m", "roofcal.cli", "predict", "--model", "llama-3.1-70b-instruct",
@@ -159,8 +159,7 @@ def test_a_command_lists_the_programs_it_read_for_its_next_run_to_load_ahead(tmp
                        capture_output=True)
         outs.append(out.read_bytes())
         (here,) = (tmp_path / "cache" / "programs").iterdir()
-        listed = here / "predict.uses"
-        assert listed.exists() == (i > 0)
-    names = listed.read_text().split()
-    assert sorted(names) == sorted(p.name for p in here.glob("*.xla")) and names
+        lists.append((here / "predict.uses").read_text().split())
+    assert sorted(lists[0]) == sorted(p.name for p in here.glob("*.xla")) and lists[0]
+    assert sorted(lists[1]) == sorted(lists[0]) and lists[2] == lists[1]
     assert outs[0] == outs[1] == outs[2]

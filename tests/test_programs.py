@@ -88,12 +88,15 @@ def test_another_process_reads_the_program_one_wrote(store):
     assert values == np.asarray(K.features.jitted(Z, LO, HI, 2)).tobytes().hex()
 
 
-def test_the_programs_a_command_read_are_loaded_ahead_by_its_next_run(store, monkeypatch):
-    K.features(Z, LO, HI, 2)                            # compiled and written: not a read
+def test_the_programs_a_command_used_are_loaded_ahead_by_its_next_run(store, monkeypatch):
+    K.features(Z, LO, HI, 2)                            # compiled and written
     (two,) = [f.name for f in files(store)]
     K.features(Z, LO, HI, 3)
     (three,) = [f.name for f in files(store) if f.name != two]
+    P.remember("fit")                                   # a first run lists what it wrote
+    assert (P.here_folder() / "fit.uses").read_text() == f"{two}\n{three}\n"
     P._loaded.clear()                                   # as a new process: read, in this order
+    P._reads.clear()
     K.features(Z, LO, HI, 3)
     K.features(Z, LO, HI, 2)
     P.remember("fit")
