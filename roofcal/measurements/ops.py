@@ -96,38 +96,43 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
 
     The rows left out (other kernels, sliding windows, other collectives, unmapped dtypes) are
     gathered into one mask and dropped once, at the end: each selection of a table copies its
-    text columns (a third of a second over the bundled H100 tables when done step by step)."""
+    text columns (docs/limits.md, "Fit speed", twentieth session)."""
     cols = set(df.columns)
     dev = _gpu_name(str(df["device"].iloc[0]) if "device" in cols and len(df) else "", gpu)
     keep = np.ones(len(df), bool)
     if "kernel_source" in cols:
         keep &= ~df["kernel_source"].isin(LEFT_OUT_SOURCES).to_numpy()
-    def v(c):
+
+    def column(c):
         return df[c].to_numpy()
     if "window_size" in cols:                           # attention: sliding windows left out
-        keep &= v("window_size") == 0
+        keep &= column("window_size") == 0
     if {"m", "n", "k", "gemm_dtype"} <= cols:
-        out = {"op": "gemm", "dtype": df["gemm_dtype"].map(_DTYPE), "m": v("m"), "n": v("n"), "k": v("k")}
+        out = {"op": "gemm", "dtype": df["gemm_dtype"].map(_DTYPE),
+               "m": column("m"), "n": column("n"), "k": column("k")}
     elif {"isl", "num_heads", "kv_cache_dtype"} <= cols and (df["op_name"] == "context_attention").all():
-        out = {"op": "attn_prefill", "dtype": df["kv_cache_dtype"].map(_DTYPE), "batch": v("batch_size"),
-               "seq": v("isl"), "cached": np.zeros(len(df), np.int64), "heads": v("num_heads"),
-               "kv_heads": v("num_key_value_heads"), "head_dim": v("head_dim")}
+        out = {"op": "attn_prefill", "dtype": df["kv_cache_dtype"].map(_DTYPE),
+               "batch": column("batch_size"), "seq": column("isl"), "cached": np.zeros(len(df), np.int64),
+               "heads": column("num_heads"), "kv_heads": column("num_key_value_heads"),
+               "head_dim": column("head_dim")}
     elif {"step", "num_heads", "kv_cache_dtype"} <= cols and (df["op_name"] == "generation_attention").all():
-        out = {"op": "attn_decode", "dtype": df["kv_cache_dtype"].map(_DTYPE), "batch": v("batch_size"),
-               "context": v("step"), "heads": v("num_heads"), "kv_heads": v("num_key_value_heads"),
-               "head_dim": v("head_dim")}
+        out = {"op": "attn_decode", "dtype": df["kv_cache_dtype"].map(_DTYPE),
+               "batch": column("batch_size"), "context": column("step"), "heads": column("num_heads"),
+               "kv_heads": column("num_key_value_heads"), "head_dim": column("head_dim")}
     elif {"message_size", "backend"} <= cols:
-        out = {"op": "allreduce", "dtype": df["backend"].map({"vllm_graph": "custom", "vllm_eager": "custom_eager"}),
-               "num_gpus": v("num_gpus"), "bytes": v("message_size") * 2.0}      # bf16 elements
+        out = {"op": "allreduce",
+               "dtype": df["backend"].map({"vllm_graph": "custom", "vllm_eager": "custom_eager"}),
+               "num_gpus": column("num_gpus"), "bytes": column("message_size") * 2.0}   # bf16 elements
     elif {"message_size", "nccl_dtype"} <= cols:
         keep &= ((df["op_name"] == "all_reduce") & (df["nccl_dtype"] == "half")).to_numpy()
-        out = {"op": "allreduce", "dtype": "nccl", "num_gpus": v("num_gpus"), "bytes": v("message_size") * 2.0}
+        out = {"op": "allreduce", "dtype": "nccl",
+               "num_gpus": column("num_gpus"), "bytes": column("message_size") * 2.0}
     elif {"num_tokens", "moe_dtype", "topk"} <= cols:
         skew = {s: 0.0 if s == "balanced" else POWER_LAW_EXPONENT * float(str(s).rsplit("_", 1)[-1])
                 for s in df["distribution"].unique()}           # a few names over 10⁴–10⁵ rows
-        out = {"op": "moe", "dtype": df["moe_dtype"].map(_DTYPE), "tokens": v("num_tokens"),
-               "hidden": v("hidden_size"), "inter": v("inter_size"), "topk": v("topk"),
-               "experts": v("num_experts"), "tp": v("moe_tp_size"), "ep": v("moe_ep_size"),
+        out = {"op": "moe", "dtype": df["moe_dtype"].map(_DTYPE), "tokens": column("num_tokens"),
+               "hidden": column("hidden_size"), "inter": column("inter_size"), "topk": column("topk"),
+               "experts": column("num_experts"), "tp": column("moe_tp_size"), "ep": column("moe_ep_size"),
                "skew": df["distribution"].map(skew).to_numpy()}
     else:
         raise RoofcalError(f"{source}: not a recognised aiconfigurator table (columns: "
@@ -135,7 +140,7 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
     if isinstance(out["dtype"], pd.Series):
         keep &= out["dtype"].notna().to_numpy()
         out["dtype"] = out["dtype"].array
-    out |= {"gpu": dev, "latency_us": v("latency") * 1000.0, "source": source}
+    out |= {"gpu": dev, "latency_us": column("latency") * 1000.0, "source": source}
     return pd.DataFrame({c: x if isinstance(x, str) else x[keep] for c, x in out.items()},
                         index=pd.RangeIndex(int(keep.sum())))
 
