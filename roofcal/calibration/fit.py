@@ -393,6 +393,22 @@ def factored_objective(p: dict, data: tuple):
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
+#: the power of :func:`held_by_rows`: 2 against 0 (off) and 1 on the few-shot learning curves,
+#: seeds 0–2 (docs/accuracy.md, "Transfer between GPUs")
+HOLD_POWER = 2.0
+
+
+def held_by_rows(order: np.ndarray, n: float) -> np.ndarray:
+    """(terms,) float32 factors on the prior strengths of a surface's terms, ``order`` (terms,)
+    their degrees, for a fit on ``n`` training rows: (terms of that degree and below / n) **
+    :data:`HOLD_POWER` where the terms outnumber the rows, else 1. Fewer rows than a degree's
+    terms hold that degree near the prior (the reference GPU's surface in a few-shot refit, the
+    flat physical one from scratch) rather than let 30 rows set 495 terms; every fit with more
+    rows than terms (all of the bundled tables' main fits) is unchanged."""
+    upto = np.searchsorted(np.sort(order), order, side="right").astype(np.float64)
+    return np.maximum(1.0, (upto / max(n, 1.0)) ** HOLD_POWER).astype(np.float32)
+
+
 def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | None) -> dict:
     """Fit one kernel kind/variant by continuation in the surface degree.
 
@@ -414,6 +430,8 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     k = K.OP_KINDS[d.kind]
     order = K.exponents(len(k.descriptors), K.degree_of(len(k.descriptors),
                                                         int(p["eff_c"].shape[0]))).sum(1)
+    f = held_by_rows(order, n)                            # 1 where the rows outnumber the terms
+    strength = {**strength, "eff_c": strength["eff_c"] * f, "eff_m": strength["eff_m"] * f}
     best = np.inf
     start = int(order.max()) if init is not None else 1   # a warm start already holds every term
     objective, feats = d.objective()
