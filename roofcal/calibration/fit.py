@@ -16,7 +16,8 @@
 
 Objective per stage: mean squared log-ratio over training rows (see :mod:`roofcal.loss`) plus a
 Gaussian prior on the raw parameters, scaled as ``κ/N`` so it acts like κ pseudo-rows: strong when
-data is scarce (a few-shot refit stays near its prior), negligible with thousands of rows.
+data is scarce (a few-shot refit stays near its prior), negligible with thousands of rows; a
+surface's terms of a degree whose terms outnumber the rows are held harder (:func:`held_by_rows`).
 """
 
 from __future__ import annotations
