@@ -394,8 +394,9 @@ def factored_objective(p: dict, data: tuple):
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
-#: the power of :func:`held_by_rows`: 2 against 0 (off) and 1 on the few-shot learning curves,
-#: seeds 0–2 (docs/accuracy.md, "Transfer between GPUs")
+#: the power of :func:`held_by_rows`: 2 rather than 0 (off) or 1 on the few-shot learning curve of
+#: A100 from H100, seeds 0–2, then checked on H100 from A100 (docs/accuracy.md, "Transfer between
+#: GPUs")
 HOLD_POWER = 2.0
 
 
