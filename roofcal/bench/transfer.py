@@ -196,7 +196,8 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
         ("Zero-shot transfer: H100 from the A100 fit (per-op MAPE % on all H100 rows; variants "
          "the A100 lacks fall back to bf16)", markdown(zero_shot(a100, h100, A, H, h_tab), "method")),
         (f"Few-shot learning curve: held-out A100 per-op MAPE % (roofcal fit --prior: bootstrap "
-         f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, "
+         f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, held (terms / rows)² "
+         f"harder on a degree whose terms outnumber the rows, "
          f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from "
          f"scratch; the "
          f"all-reduce tables have 55 training rows, so their curve stops there)",
