@@ -151,6 +151,11 @@ class Stored:
             program = self._program(here, bound.args)
         return self.top(*args, **kwargs) if program is JIT else program(*dynamic)
 
+    def with_options(self, options) -> "Stored":
+        """``fn`` stored again under other compiler options (:data:`LIGHT`, :data:`FAST_COMPILE`):
+        programs of their own, in the store and in the process."""
+        return Stored(self.fn, self.static, options)
+
     def lower(self, *args, **kwargs):
         """``jax.jit``'s ``lower`` (of ``top``): the program traced and lowered, not stored."""
         return self.top.lower(*args, **kwargs)
@@ -212,7 +217,7 @@ class Stored:
             write_bytes_atomic(path, blob)
             _mark_used(path.parent, wrote=True)
             with _lock:
-                _reads.setdefault(path.name, None)  # the next run reads it: loaded ahead then too
+                _uses.setdefault(path.name, None)  # the next run reads it: loaded ahead then too
         except OSError:                     # a read-only cache: run without keeping it
             pass
         return compiled
@@ -333,7 +338,7 @@ def _configuration() -> tuple:
 #: {path: Future of its program} of the programs :func:`prefetch` is loading ahead
 _ahead: dict = {}
 #: names of the files this process read from the store or wrote to it, in the order first used
-_reads: dict = {}
+_uses: dict = {}
 
 
 def _read(path: Path):
@@ -347,7 +352,7 @@ def _read(path: Path):
         program = _load(path)
     if program is not None:
         with _lock:
-            _reads.setdefault(path.name, None)
+            _uses.setdefault(path.name, None)
     return program
 
 
@@ -393,7 +398,7 @@ def remember(name: str) -> None:
         return
     from roofcal.io import write_bytes_atomic
     with _lock:
-        text = "".join(f"{n}\n" for n in _reads)
+        text = "".join(f"{n}\n" for n in _uses)
     path = here_folder() / f"{name}.uses"
     try:
         if not text or (path.exists() and path.read_text(encoding="utf-8") == text):

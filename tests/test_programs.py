@@ -27,10 +27,10 @@ def store(tmp_path):
     P.keep_in(tmp_path / "programs")
     P._loaded.clear()
     P._used.clear()
-    P._reads.clear()
+    P._uses.clear()
     P._ahead.clear()
     yield tmp_path / "programs"
-    P._reads.clear()
+    P._uses.clear()
     P._ahead.clear()
     P.keep_in(folder)
     P._loaded.clear()
@@ -96,20 +96,20 @@ def test_the_programs_a_command_used_are_loaded_ahead_by_its_next_run(store, mon
     P.remember("fit")                                   # a first run lists what it wrote
     assert (P.here_folder() / "fit.uses").read_text() == f"{two}\n{three}\n"
     P._loaded.clear()                                   # as a new process: read, in this order
-    P._reads.clear()
+    P._uses.clear()
     K.features(Z, LO, HI, 3)
     K.features(Z, LO, HI, 2)
     P.remember("fit")
     assert (P.here_folder() / "fit.uses").read_text() == f"{three}\n{two}\n"
     P._loaded.clear()                                   # the command's next run
-    P._reads.clear()
+    P._uses.clear()
     P.prefetch("fit")
     assert P._ahead[P.here_folder() / three].result() is not None   # loaded in the background
     assert P._ahead[P.here_folder() / two].result() is not None
     monkeypatch.setattr(P, "_load", lambda path: pytest.fail(f"{path} read again"))
     out, traced = traces(lambda: np.asarray(K.features(Z, LO, HI, 3)))
     assert traced == 0 and out.tobytes() == np.asarray(K.features.jitted(Z, LO, HI, 3)).tobytes()
-    assert list(P._reads) == [three] and list(P._ahead) == [P.here_folder() / two]
+    assert list(P._uses) == [three] and list(P._ahead) == [P.here_folder() / two]
 
 
 def test_a_stale_or_garbled_list_of_programs_is_only_a_hint(store):

@@ -43,7 +43,7 @@ def _adam_block(loss_fn, params, state, data, length, lr, total, final):
 #: costs little to run (:func:`minimize`'s ``fast_compile``): the step level with its kernels
 #: held, 10 blocks of 50 steps over 210 steps, compiles in 0.31 s of CPU, not 0.80, and runs its
 #: blocks in 4.5 ms rather than 0.8
-_adam_block_fast = stored(_adam_block.fn, static_argnames=_adam_block.static, options=FAST_COMPILE)
+_adam_block_fast = _adam_block.with_options(FAST_COMPILE)
 
 
 @stored(static_argnames=("lr", "total", "final"))
@@ -175,7 +175,7 @@ def _lbfgs_block(loss_fn, search, fails, data, length):
 
 #: :func:`_lbfgs_block` compiled for its compile time (``programs.FAST_COMPILE``), for a short run
 #: on few rows (:func:`lbfgs`'s ``fast_compile``)
-_lbfgs_block_fast = stored(_lbfgs_block.fn, static_argnames=_lbfgs_block.static, options=FAST_COMPILE)
+_lbfgs_block_fast = _lbfgs_block.with_options(FAST_COMPILE)
 
 
 @dataclass(frozen=True)
