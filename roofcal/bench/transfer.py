@@ -47,7 +47,7 @@ from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
 from roofcal.calibration.fit import (FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels, kernel_data,
-                                     split_rows)
+                                     split_rows, with_default_variants)
 from roofcal.model import curves
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
@@ -137,7 +137,7 @@ def refit(table_: pd.DataFrame, rows: dict, prior: Coefficients | None, gpu: GPU
     sub = table_.iloc[np.concatenate(take)].reset_index(drop=True)
     held = np.concatenate(held)
     data = kernel_data(sub, gpu, held, settings)
-    fitted = fit_kernels(data, settings, prior=prior_ops, init=prior_ops or None)
+    fitted = fit_kernels(data, settings, prior=with_default_variants(prior_ops, data), init=prior_ops or None)
     add_curves(fitted, sub, ~held, gpu)                              # as roofcal fit does
     return {**prior_ops, **fitted}
 

@@ -17,11 +17,14 @@
 Objective per stage: mean squared log-ratio over training rows (see :mod:`roofcal.loss`) plus a
 Gaussian prior on the raw parameters, scaled as ``κ/N`` so it acts like κ pseudo-rows: strong when
 data is scarce (a few-shot refit stays near its prior), negligible with thousands of rows; a
-surface's terms of a degree whose terms outnumber the rows are held harder (:func:`held_by_rows`).
+surface's terms of a degree whose terms outnumber the rows are held harder (:func:`held_by_rows`),
+and a refit's surfaces are held near its prior's over the box of the rows' shapes as well
+(:func:`anchored_objective`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 
@@ -411,7 +414,54 @@ def held_by_rows(order: np.ndarray, n: float) -> np.ndarray:
     return np.maximum(1.0, (upto / max(n, 1.0)) ** HOLD_POWER).astype(np.float32)
 
 
-def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | None) -> dict:
+#: pseudo-rows of the surface anchor of a warm-started kernel fit (a few-shot refit from
+#: ``--prior``, :func:`anchored_objective`); 0: none. 1 rather than 0, 3, 10, 30 or 100 on the
+#: few-shot learning curves, seeds 0–2 (docs/accuracy.md, "Transfer between GPUs"): A100 from
+#: H100 on 100 rows a kernel 14.6 → 10.2 % mean held-out MAPE (decode 37.9 → 20.2, under the
+#: zero shot's 27.4), H100 from A100 15.4 → 15.2; on 1,000 rows within 0.05 point
+ANCHOR_ROWS = 1.0
+
+
+def box_gram(exps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """(terms, terms) float64 Gram matrix E[f_i(z) f_j(z)] of the monomials f with exponents
+    ``exps`` (terms, descriptors), z uniform on the box [``lo``, ``hi``] (descriptors,) of
+    standardized log-shapes: for a surface change Δ (terms,), Δ·G·Δ is the mean squared change
+    of the surface over the box. Exact: E[z^k] = (hi^(k+1) − lo^(k+1)) / ((k+1)(hi − lo)) per
+    descriptor (lo^k where the box is flat in it), multiplied across descriptors."""
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    k = exps[:, None, :] + exps[None, :, :]                       # (terms, terms, descriptors)
+    j = np.arange(int(k.max()) + 1, dtype=np.float64)
+    width = hi - lo
+    flat = width < 1e-9
+    wide = (hi[:, None] ** (j + 1) - lo[:, None] ** (j + 1)) / ((j + 1) * np.where(flat, 1.0, width)[:, None])
+    moments = np.where(flat[:, None], lo[:, None] ** j, wide)     # (descriptors, powers)
+    return np.prod(moments[np.arange(len(lo)), k], axis=-1)
+
+
+def surface_change(p: dict, center: dict, gram) -> jnp.ndarray:
+    """Mean squared change (logit²) of both efficiency surfaces of ``p`` from ``center`` over
+    the box of :func:`box_gram` (``gram``, (terms, terms))."""
+    dc, dm = p["eff_c"] - center["eff_c"], p["eff_m"] - center["eff_m"]
+    return dc @ (gram @ dc) + dm @ (gram @ dm)
+
+
+def anchored_objective(objective, p: dict, data: tuple):
+    """``objective(p, inner)`` plus the surface anchor: ``data`` = (inner, (gram, center,
+    weight)), the weight κ/N so that it acts as κ pseudo-rows spread evenly over the box of
+    measured shapes, each pulling the efficiency logits toward the prior's (:func:`surface_change`
+    of the surface in use: ``inner``'s last item masks its terms, as in :func:`kernel_objective`).
+    The coefficient prior alone holds every term alike; a term's coefficient matters in
+    proportion to its monomial, which at the corners of the box (the log-shapes' extremes
+    together) is largest: 100 A100 decode rows refitted from the H100 moved the surface there
+    until batch 1 at context 1 was predicted 90 times too slow."""
+    inner, (gram, center, weight) = data
+    mask = inner[-1]
+    q = {"eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
+    return objective(p, inner) + weight * surface_change(q, center, gram)
+
+
+def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | None,
+               anchored: bool = False) -> dict:
     """Fit one kernel kind/variant by continuation in the surface degree.
 
     The surfaces are not convex, and a direct fit of a degree-4 polynomial lands in different
@@ -421,6 +471,8 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     the training objective. One compiled program serves every stage (terms are masked). The
     clamp bounds ``lo``, ``hi`` are the rows' (features are computed with them): they are set
     aside, not carried through L-BFGS (their gradient is 0; two leaves fewer, the same sums).
+    ``anchored`` (a prior given, not the flat default): the surfaces are also held near
+    ``center``'s over the box of the rows' shapes (:func:`anchored_objective`).
     """
     n = float(np.asarray(d.train).sum())
     strength = prior_strengths(center, settings, max(n, 1.0), d.kind)
@@ -430,16 +482,23 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     free = lambda tree: {k: v for k, v in tree.items() if k not in bounds}
     p, center, strength = free(p), free(center), free(strength)
     k = K.OP_KINDS[d.kind]
-    order = K.exponents(len(k.descriptors), K.degree_of(len(k.descriptors),
-                                                        int(p["eff_c"].shape[0]))).sum(1)
+    exps = K.exponents(len(k.descriptors), K.degree_of(len(k.descriptors), int(p["eff_c"].shape[0])))
+    order = exps.sum(1)
     f = held_by_rows(order, n)                            # 1 where the rows outnumber the terms
     strength = {**strength, "eff_c": strength["eff_c"] * f, "eff_m": strength["eff_m"] * f}
     best = np.inf
     start = int(order.max()) if init is not None else 1   # a warm start already holds every term
     objective, feats = d.objective()
+    anchor = None
+    if anchored and ANCHOR_ROWS > 0:
+        anchor = (jax.device_put(box_gram(exps, d.lo, d.hi).astype(np.float32)),
+                  {"eff_c": center["eff_c"], "eff_m": center["eff_m"]},
+                  jax.device_put(np.float32(ANCHOR_ROWS / max(n, 1.0))))
+        objective = functools.partial(anchored_objective, objective)
     for deg in range(start, int(order.max()) + 1):
         mask = jax.device_put((order <= deg).astype(np.float32))
         data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
+        data = data if anchor is None else (data, anchor)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
         q, value = lbfgs(objective, p, data, settings.kernel_iters,
                          chunks=max(1, settings.kernel_iters // KERNEL_BLOCK), tol=KERNEL_TOL,
@@ -449,6 +508,19 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     return {**p, **bounds}
 
 
+def with_default_variants(ops: dict, keys) -> dict:
+    """``ops`` ({kind/variant: raw params}: a prior's kernels) and, for each of ``keys`` it lacks,
+    its kind's default variant's params: what a prediction of that variant reads
+    (:func:`roofcal.model.correction.lookup`). A refit centres such a kernel there (H100's FP8
+    kernels from an A100 prior: the A100 runs no FP8) and starts it from scratch."""
+    out = dict(ops)
+    for key in keys:
+        found, p = K.lookup(ops, *key.split("/", 1))
+        if key not in ops and found != key:
+            out[key] = p
+    return out
+
+
 def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
             init: dict | None = None) -> dict:
     """:func:`fit_kernel` of ``d`` with its prior centred on ``prior`` (raw params; default
@@ -456,7 +528,7 @@ def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
     prior's or start's curves are set aside."""
     c = curves.surface_only(prior) or default_prior(d.kind, settings.degree_of(d.kind), d)
     c = {**c, **K.on_device({"lo": d.lo, "hi": d.hi})}
-    return fit_kernel(d, settings, c, curves.surface_only(init))
+    return fit_kernel(d, settings, c, curves.surface_only(init), anchored=prior is not None)
 
 
 def kernel_work(d: KernelData) -> int:
@@ -778,11 +850,12 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         return sub, kernel_data(sub, gpu, np.zeros(len(sub), bool), settings, ideal.take(own))
 
     prepared = side_by_side(unit_data, units)     # their feature programs compile in parallel
-    data, p0 = {}, {}  # (unit ("" = shared), kernel key) → its rows; its prior (and start)
+    data, p0, centres = {}, {}, {}   # (unit ("" = shared), kernel key) → its rows; start; prior
     for unit, (sub, rows) in zip(units, prepared):
         ops = prior_ops(unit or (next(iter(set_rows)) if set_rows else UNVERSIONED))
         data.update({(unit, k): d for k, d in rows.items()})
         p0.update({(unit, k): v for k, v in ops.items()})
+        centres.update({(unit, k): v for k, v in with_default_variants(ops, rows).items()})
         log(f"kernel set {unit or '(shared)'}: {len(sub)} of {int((sets_of_rows == unit).sum())} "
             f"per-op rows fitted in {len(rows)} kernel kinds/variants")
     data = shared_sizes(data)
@@ -821,7 +894,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     fits, params = {u: {} for u in ["", *units]}, None        # unit → {kernel: raw params}
     in_order = lambda fits: {u: {k: fits[u][k] for k in have.get(u, []) if k in fits[u]} for u in fits}
     priced = {}        # (unit, kernel) → the surface its rows were priced by, their µs by it
-    for (unit, key), p in fitted_kernels(data, settings, prior=p0, init=p0, first=needed):
+    for (unit, key), p in fitted_kernels(data, settings, prior=centres, init=p0, first=needed):
         at = where[(unit, key)]
         ops = {key: op_as_read(key, p)}          # the surface as the file will hold it
         priced[(unit, key)] = (ops[key], add_curves(
@@ -839,7 +912,9 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         kernel_sets[step_set].ops = params["ops"]           # moved only with finetune > 0
 
     notes = [] if prior is None else \
-        [f"fitted with priors centred on {prior.source}"] + [f"prior: {n}" for n in prior.notes]
+        [f"fitted with priors centred on {prior.source} (a variant it lacks: its kind's default "
+         f"variant), the surfaces also held near its over the box of the rows' shapes "
+         f"({ANCHOR_ROWS:g} pseudo-rows)"] + [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
                      data=provenance or [], fit=settings.record(), kernel_sets=kernel_sets,
                      kernels=step_set)
