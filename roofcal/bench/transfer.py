@@ -46,8 +46,8 @@ from roofcal.model import correction as K
 from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
-from roofcal.calibration.fit import (FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels, kernel_data,
-                                     split_rows, with_default_variants)
+from roofcal.calibration.fit import (ANCHOR_ROWS, FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels,
+                                     kernel_data, split_rows, with_default_variants)
 from roofcal.model import curves
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
@@ -137,7 +137,8 @@ def refit(table_: pd.DataFrame, rows: dict, prior: Coefficients | None, gpu: GPU
     sub = table_.iloc[np.concatenate(take)].reset_index(drop=True)
     held = np.concatenate(held)
     data = kernel_data(sub, gpu, held, settings)
-    fitted = fit_kernels(data, settings, prior=with_default_variants(prior_ops, data), init=prior_ops or None)
+    fitted = fit_kernels(data, settings, prior=with_default_variants(prior_ops, data),
+                         init=prior_ops or None)
     add_curves(fitted, sub, ~held, gpu)                              # as roofcal fit does
     return {**prior_ops, **fitted}
 
@@ -197,10 +198,10 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
          "the A100 lacks fall back to bf16)", markdown(zero_shot(a100, h100, A, H, h_tab), "method")),
         (f"Few-shot learning curve: held-out A100 per-op MAPE % (roofcal fit --prior: bootstrap "
          f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, held (terms / rows)² "
-         f"harder on a degree whose terms outnumber the rows, "
-         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from "
-         f"scratch; the "
-         f"all-reduce tables have 55 training rows, so their curve stops there)",
+         f"harder on a degree whose terms outnumber the rows, surfaces anchored to the prior's "
+         f"over the box of shapes ({ANCHOR_ROWS:g} pseudo-rows), {FitSettings.kernel_iters} L-BFGS "
+         f"iterations per degree stage; 'no prior' = fit from scratch; the all-reduce tables "
+         f"have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),
     ]
     return out

@@ -330,11 +330,12 @@ def test_a_few_shot_refit_keeps_its_surface_near_the_prior_where_its_rows_are_no
     t = microbench_table("a100_sxm")
     test = split_rows((t["op"] + "/" + t["dtype"]).to_numpy(), 0.2, 0)
     rng = np.random.default_rng(100)                  # roofcal.bench.transfer.sample_rows's draw
-    draws = {K.op_key(op, dt): rng.choice(idx[~test[idx]], size=min(100, int((~test[idx]).sum())), replace=False)
-             for _, op, dt, idx in groups(t)}
+    draws = {K.op_key(op, dt): rng.choice(idx[~test[idx]], size=min(100, int((~test[idx]).sum())),
+                                          replace=False) for _, op, dt, idx in groups(t)}
     sample = t.iloc[np.sort(draws["attn_decode/bf16"])].reset_index(drop=True)
     held = t[test & (t["op"] == "attn_decode").to_numpy()].reset_index(drop=True)
-    settings = replace(FitSettings(progress=False), prior_terms=F.FEW_SHOT_KAPPA, prior_scalars=F.FEW_SHOT_KAPPA)
+    settings = replace(FitSettings(progress=False), prior_terms=F.FEW_SHOT_KAPPA,
+                       prior_scalars=F.FEW_SHOT_KAPPA)
     (key, d), = kernel_data(sample, A100, np.zeros(100, bool), settings).items()
 
     def ratios(ops):
@@ -346,7 +347,8 @@ def test_a_few_shot_refit_keeps_its_surface_near_the_prior_where_its_rows_are_no
     free = ratios(F.fit_one(d, settings, prior, prior))
     mape = lambda r: float(np.mean(np.abs(r - 1)) * 100)
     assert len(held) == 1_086
-    assert mape(anchored) < mape(zero) - 5 and mape(anchored) < mape(free) / 2, (mape(anchored), mape(zero), mape(free))
+    assert mape(anchored) < mape(zero) - 5 and mape(anchored) < mape(free) / 2, \
+        (mape(anchored), mape(zero), mape(free))
     assert anchored.max() < 3 and free.max() > 30, (anchored.max(), free.max())
 
 
