@@ -46,7 +46,7 @@ from roofcal.model import correction as K
 from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
-from roofcal.calibration.fit import (ANCHOR_ROWS, FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels,
+from roofcal.calibration.fit import (ANCHOR, FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels,
                                      kernel_data, split_rows, with_default_variants)
 from roofcal.model import curves
 from roofcal.physics.hardware import GPUSpec, load_gpu
@@ -199,8 +199,8 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
         (f"Few-shot learning curve: held-out A100 per-op MAPE % (roofcal fit --prior: bootstrap "
          f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, held (terms / rows)² "
          f"harder on a degree whose terms outnumber the rows, surfaces anchored to the prior's "
-         f"over the box of shapes ({ANCHOR_ROWS:g} pseudo-rows), {FitSettings.kernel_iters} L-BFGS "
-         f"iterations per degree stage; 'no prior' = fit from scratch; the all-reduce tables "
+         f"over the box of shapes ({ANCHOR:g} pseudo-row per term and row), "
+         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from scratch; the all-reduce tables "
          f"have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),
     ]

@@ -104,9 +104,11 @@ KERNEL_TOL = 1e-4
 #: the cap a fit of up to 7,392 rows a kernel took 1.0 s more (docs/limits.md, "Fit speed")
 QUICK_FIT_ROWS = 1_000
 
-#: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``): the lowest mean
-#: held-out A100 error over 30–1000 rows among κ = 0.1, 0.3, 1, 3, 10 (roofcal.bench.transfer)
-FEW_SHOT_KAPPA = 1.0
+#: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``) on its parameters:
+#: 0.1 among 0.01, 0.1, 0.3 and 1 with the surface anchor (:data:`ANCHOR`), on the few-shot
+#: learning curves of A100 from H100 and H100 from A100, seeds 0–2 (roofcal.bench.transfer;
+#: docs/accuracy.md). Without the anchor 1 had been best among 0.1, 0.3, 1, 3 and 10
+FEW_SHOT_KAPPA = 0.1
 
 
 @dataclass(frozen=True)
@@ -414,12 +416,20 @@ def held_by_rows(order: np.ndarray, n: float) -> np.ndarray:
     return np.maximum(1.0, (upto / max(n, 1.0)) ** HOLD_POWER).astype(np.float32)
 
 
-#: pseudo-rows of the surface anchor of a warm-started kernel fit (a few-shot refit from
-#: ``--prior``, :func:`anchored_objective`); 0: none. 1 rather than 0, 3, 10, 30 or 100 on the
-#: few-shot learning curves, seeds 0–2 (docs/accuracy.md, "Transfer between GPUs"): A100 from
-#: H100 on 100 rows a kernel 14.6 → 10.2 % mean held-out MAPE (decode 37.9 → 20.2, under the
-#: zero shot's 27.4), H100 from A100 15.4 → 15.2; on 1,000 rows within 0.05 point
-ANCHOR_ROWS = 1.0
+#: the surface anchor of a kernel fit with a prior given (a few-shot refit from ``--prior``,
+#: :func:`anchored_objective`): pseudo-rows per term and training row (:func:`anchor_rows`); 0:
+#: none. 1 rather than 0.5 or 2, and rather than fixed pseudo-rows (0.03–10: the best weight
+#: fell from 1–3 at 100 rows to 0.03–0.1 at 1,000), on the learning curves of seeds 0–2
+#: (docs/accuracy.md, "Transfer between GPUs")
+ANCHOR = 1.0
+
+
+def anchor_rows(terms: int, n: float) -> float:
+    """Pseudo-rows of the surface anchor of a surface of ``terms`` terms fitted on ``n`` rows:
+    :data:`ANCHOR` × terms / n. A least-squares surface's variance at a shape it was not fitted
+    on grows with the mean leverage of its rows, terms / n; its pull toward the prior with it:
+    a decode surface (126 terms) 1.26 pseudo-rows on 100 rows, 0.13 on 1,000."""
+    return ANCHOR * terms / max(n, 1.0)
 
 
 def box_gram(exps: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -447,9 +457,10 @@ def surface_change(p: dict, center: dict, gram) -> jnp.ndarray:
 
 def anchored_objective(objective, p: dict, data: tuple):
     """``objective(p, inner)`` plus the surface anchor: ``data`` = (inner, (gram, center,
-    weight)), the weight κ/N so that it acts as κ pseudo-rows spread evenly over the box of
-    measured shapes, each pulling the efficiency logits toward the prior's (:func:`surface_change`
-    of the surface in use: ``inner``'s last item masks its terms, as in :func:`kernel_objective`).
+    weight)), the weight κ/N (κ: :func:`anchor_rows`) so that it acts as κ pseudo-rows spread
+    evenly over the box of measured shapes, each pulling the efficiency logits toward the prior's
+    (:func:`surface_change` of the surface in use: ``inner``'s last item masks its terms, as in
+    :func:`kernel_objective`).
     The coefficient prior alone holds every term alike; a term's coefficient matters in
     proportion to its monomial, which at the corners of the box (the log-shapes' extremes
     together) is largest: 100 A100 decode rows refitted from the H100 moved the surface there
@@ -490,10 +501,10 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
     start = int(order.max()) if init is not None else 1   # a warm start already holds every term
     objective, feats = d.objective()
     anchor = None
-    if anchored and ANCHOR_ROWS > 0:
+    if anchored and ANCHOR > 0:
         anchor = (jax.device_put(box_gram(exps, d.lo, d.hi).astype(np.float32)),
                   {"eff_c": center["eff_c"], "eff_m": center["eff_m"]},
-                  jax.device_put(np.float32(ANCHOR_ROWS / max(n, 1.0))))
+                  jax.device_put(np.float32(anchor_rows(len(order), n) / max(n, 1.0))))
         objective = functools.partial(anchored_objective, objective)
     for deg in range(start, int(order.max()) + 1):
         mask = jax.device_put((order <= deg).astype(np.float32))
@@ -914,7 +925,7 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     notes = [] if prior is None else \
         [f"fitted with priors centred on {prior.source} (a variant it lacks: its kind's default "
          f"variant), the surfaces also held near its over the box of the rows' shapes "
-         f"({ANCHOR_ROWS:g} pseudo-rows)"] + [f"prior: {n}" for n in prior.notes]
+         f"({ANCHOR:g} pseudo-row per term and row)"] + [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
                      data=provenance or [], fit=settings.record(), kernel_sets=kernel_sets,
                      kernels=step_set)
