@@ -463,8 +463,8 @@ def anchored_objective(objective, p: dict, data: tuple):
     :func:`kernel_objective`).
     The coefficient prior alone holds every term alike; a term's coefficient matters in
     proportion to its monomial, which at the corners of the box (the log-shapes' extremes
-    together) is largest: 100 A100 decode rows refitted from the H100 moved the surface there
-    until batch 1 at context 1 was predicted 90 times too slow."""
+    together) is largest: 100 A100 decode rows refitted from the H100 (κ = 1, no anchor) moved
+    the surface there until batch 1 at context 1 was predicted 90 times too slow."""
     inner, (gram, center, weight) = data
     mask = inner[-1]
     q = {"eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}

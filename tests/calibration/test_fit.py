@@ -299,7 +299,8 @@ def test_box_gram_is_the_mean_of_monomial_products_over_the_box():
     """Hand-checked: on [0, 1] the monomials 1, z, z² have E[z^k] = 1/(k+1), the Hilbert matrix;
     on [−1, 1] × [0, 2], E[z₁²] = 1/3 and E[z₂²] = 4/3, so E[(z₁z₂)²] = 4/9 and E[z₁] = 0; a
     descriptor flat at 2 gives 2^k. A surface change a + b·z on [0, 1] has mean square
-    a² + ab + b²/3 (a = 1, b = 3: 1 + 3 + 3 = 7), on both efficiency surfaces 14."""
+    a² + ab + b²/3 (a = 1, b = 3: 1 + 3 + 3 = 7), on both efficiency surfaces 14. The anchor holds a
+    surface of T terms fitted on N rows with T / N pseudo-rows."""
     from roofcal.calibration import fit as F
     g = F.box_gram(np.array([[0], [1], [2]]), np.array([0.0]), np.array([1.0]))
     assert g == pytest.approx(np.array([[1, 1 / 2, 1 / 3], [1 / 2, 1 / 3, 1 / 4], [1 / 3, 1 / 4, 1 / 5]]))
@@ -311,6 +312,8 @@ def test_box_gram_is_the_mean_of_monomial_products_over_the_box():
     p["eff_m"] = p["eff_c"]
     zero["eff_m"] = zero["eff_c"]
     assert float(F.surface_change(p, zero, g)) == pytest.approx(14.0)
+    # the anchor's pseudo-rows: a decode surface's 126 terms over 100 rows, then 1,000
+    assert F.anchor_rows(126, 100) == pytest.approx(1.26) and F.anchor_rows(126, 1_000) == pytest.approx(0.126)
 
 
 def test_a_few_shot_refit_keeps_its_surface_near_the_prior_where_its_rows_are_not(monkeypatch):
