@@ -364,3 +364,28 @@ def test_a_variant_the_prior_lacks_is_centred_on_its_kinds_default_variant():
     out = with_default_variants({"gemm/bf16": bf16}, ["gemm/bf16", "gemm/fp8", "moe/fp8"])
     assert set(out) == {"gemm/bf16", "gemm/fp8"} and out["gemm/fp8"] is bf16 and out["gemm/bf16"] is bf16
     assert K.lookup({"gemm/bf16": bf16}, "gemm", "fp8")[1] is bf16
+
+
+def test_a_refit_centres_a_variant_its_prior_lacks_and_starts_it_from_scratch(monkeypatch):
+    """``fit`` with an A100 prior on 60 H100 FP8 GEMM rows: the kernel's prior is the prior's
+    ``gemm/bf16`` surface (what the zero shot predicted it with), its start none (from scratch,
+    by continuation in degree), and the file it writes says so."""
+    from roofcal.calibration import fit as F
+    from roofcal.transfer.bootstrap import DEFAULT_RULE, bootstrap
+    prior = coeff_io.roundtrip(bootstrap(coeff_io.load("coeffs/a100_sxm.yaml", "a100_sxm"), A100, H100,
+                                         DEFAULT_RULE))
+    t = read_ops("data/microbench/h100_sxm/vllm-0.14.0/gemm_perf.parquet")
+    t = t[t["dtype"] == "fp8"]
+    t = t.iloc[np.random.default_rng(0).choice(len(t), 60, replace=False)].reset_index(drop=True)
+    seen = {}
+    real = F.fitted_kernels
+
+    def spy(data, settings, prior=None, init=None, **kw):
+        seen.update(prior=prior, init=init)
+        return real(data, settings, prior, init, **kw)
+    monkeypatch.setattr(F, "fitted_kernels", spy)
+    settings = replace(FAST, prior_terms=F.FEW_SHOT_KAPPA, prior_scalars=F.FEW_SHOT_KAPPA)
+    out = fit(H100, t, [], settings, prior=prior)
+    (key,) = [k for k in seen["prior"] if k[1] == "gemm/fp8"]
+    assert seen["prior"][key] is prior.kernel_set.ops["gemm/bf16"] and key not in seen["init"]
+    assert "a variant it lacks: its kind's default variant" in out.coeffs.notes[0]
