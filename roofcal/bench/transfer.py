@@ -200,8 +200,8 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
          f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, held (terms / rows)² "
          f"harder on a degree whose terms outnumber the rows, surfaces anchored to the prior's "
          f"over the box of shapes ({ANCHOR:g} pseudo-row per term and row), "
-         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from scratch; the all-reduce tables "
-         f"have 55 training rows, so their curve stops there)",
+         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from "
+         f"scratch; the all-reduce tables have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),
     ]
     return out

@@ -526,8 +526,8 @@ def with_default_variants(ops: dict, keys) -> dict:
     kernels from an A100 prior: the A100 runs no FP8) and starts it from scratch."""
     out = dict(ops)
     for key in keys:
-        found, p = K.lookup(ops, *key.split("/", 1))
-        if key not in ops and found != key:
+        found, p = K.lookup(ops, *key.split("/", 1))   # the key itself when ops has it or no default
+        if found != key:
             out[key] = p
     return out
 
