@@ -47,7 +47,7 @@ from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
 from roofcal.calibration.fit import (ANCHOR, FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels,
-                                     kernel_data, split_rows, with_default_variants)
+                                     WARM_ROWS_PER_TERM, kernel_data, split_rows, with_default_variants)
 from roofcal.model import curves
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
@@ -199,8 +199,10 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
         (f"Few-shot learning curve: held-out A100 per-op MAPE % (roofcal fit --prior: bootstrap "
          f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, held (terms / rows)² "
          f"harder on a degree whose terms outnumber the rows, surfaces anchored to the prior's "
-         f"over the box of shapes ({ANCHOR:g} pseudo-row per term and row), "
-         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit from "
+         f"over the box of shapes ({ANCHOR:g} pseudo-row per term and row), started at the "
+         f"prior's surface below {WARM_ROWS_PER_TERM:g} rows per term and by continuation in "
+         f"degree from there on, {FitSettings.kernel_iters} L-BFGS iterations per degree stage; "
+         f"'no prior' = fit from "
          f"scratch; the all-reduce tables have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),
     ]

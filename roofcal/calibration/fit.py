@@ -101,7 +101,7 @@ KERNEL_TOL = 1e-4
 #: stage, from near its optimum) runs L-BFGS compiled for compile time (``programs.FAST_COMPILE``):
 #: the first few-shot fit of 7 A100 kernels on 50 rows each spent most of its 7.0 s compiling 5
 #: L-BFGS programs, and now takes 4.1 s; later runs take 0.1 s more (1.4 → 1.5 s), where without
-#: the cap a fit of up to 7,392 rows a kernel took 1.0 s more (docs/limits.md, "Fit speed")
+#: the cap a fit of up to 7,392 rows a kernel took 1.0 s more (docs/fit-speed-log.md)
 QUICK_FIT_ROWS = 1_000
 
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``) on its parameters:
@@ -532,14 +532,35 @@ def with_default_variants(ops: dict, keys) -> dict:
     return out
 
 
+#: training rows per surface term from which a kernel fit given a start (``init``: a few-shot
+#: refit's prior) ignores it and runs a main fit's continuation in degree from scratch, still
+#: centred on the prior (:func:`warm_start`). 2 rather than 1, 3 or 4, and rather than always
+#: starting warm, on the few-shot learning curves of seeds 0–2 (docs/accuracy.md, "Transfer
+#: between GPUs")
+WARM_ROWS_PER_TERM = 2.0
+
+
+def warm_start(d: KernelData, init: dict | None) -> dict | None:
+    """``init`` while ``d``'s training rows are fewer than :data:`WARM_ROWS_PER_TERM` × its
+    surface's terms, else None (start from scratch). Started at the prior's full-degree surface,
+    L-BFGS stays in that surface's basin; with rows enough to set every term, the continuation
+    from degree 1 finds a better one: on 1,000 A100 rows a kernel refitted from the H100, held-out
+    prefill attention 6.55 % warm against 5.39 % from scratch (seeds 0–2)."""
+    if init is None:
+        return None
+    n = float(np.asarray(d.train).sum())
+    return init if n < WARM_ROWS_PER_TERM * int(np.shape(init["eff_c"])[0]) else None
+
+
 def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
             init: dict | None = None) -> dict:
     """:func:`fit_kernel` of ``d`` with its prior centred on ``prior`` (raw params; default
-    :func:`default_prior`) and started from ``init`` (default :func:`init_op_params`); a
-    prior's or start's curves are set aside."""
+    :func:`default_prior`) and started from ``init`` where rows are few (:func:`warm_start`;
+    default :func:`init_op_params`); a prior's or start's curves are set aside."""
     c = curves.surface_only(prior) or default_prior(d.kind, settings.degree_of(d.kind), d)
     c = {**c, **K.on_device({"lo": d.lo, "hi": d.hi})}
-    return fit_kernel(d, settings, c, curves.surface_only(init), anchored=prior is not None)
+    return fit_kernel(d, settings, c, warm_start(d, curves.surface_only(init)),
+                      anchored=prior is not None)
 
 
 def kernel_work(d: KernelData) -> int:
@@ -925,7 +946,9 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     notes = [] if prior is None else \
         [f"fitted with priors centred on {prior.source} (a variant it lacks: its kind's default "
          f"variant), the surfaces also held near its over the box of the rows' shapes "
-         f"({ANCHOR:g} pseudo-row per term and row)"] + [f"prior: {n}" for n in prior.notes]
+         f"({ANCHOR:g} pseudo-row per term and row), started at its surfaces below "
+         f"{WARM_ROWS_PER_TERM:g} rows per term (from scratch above)"] + \
+        [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
                      data=provenance or [], fit=settings.record(), kernel_sets=kernel_sets,
                      kernels=step_set)
