@@ -48,7 +48,7 @@ timed cpu2_few_warm two "${FIT[@]}" "${FEW[@]}" --out "$OUT/o/cpu2_few.yaml"
 
 # Last, as it may be refused: XLA's command buffers (CUDA graphs) for whole while loops, so that an
 # L-BFGS block runs as one graph launch instead of one launch per fusion and one read-back of the
-# loop's condition per turn (the GPU's ≈ 0.4 ms an iteration, docs/limits.md, "Fit speed")
+# loop's condition per turn (the GPU's ≈ 0.4 ms an iteration, docs/fit-speed-log.md)
 CMDBUF="--xla_gpu_deterministic_ops=true --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 graphs() { JAX_PLATFORMS=cuda XLA_FLAGS="$CMDBUF" ROOFCAL_CACHE=/tmp/cache_graphs "$@"; }
 timed graphs_cold   graphs "${FIT[@]}" --out "$OUT/o/graphs_cold.yaml"

@@ -96,7 +96,7 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
 
     The rows left out (other kernels, sliding windows, other collectives, unmapped dtypes) are
     gathered into one mask and dropped once, at the end: each selection of a table copies its
-    text columns (docs/limits.md, "Fit speed", twentieth session)."""
+    text columns (docs/fit-speed-log.md, twentieth session)."""
     cols = set(df.columns)
     dev = _gpu_name(str(df["device"].iloc[0]) if "device" in cols and len(df) else "", gpu)
     keep = np.ones(len(df), bool)
