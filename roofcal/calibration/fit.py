@@ -543,9 +543,10 @@ WARM_ROWS_PER_TERM = 2.0
 def warm_start(d: KernelData, init: dict | None) -> dict | None:
     """``init`` while ``d``'s training rows are fewer than :data:`WARM_ROWS_PER_TERM` × its
     surface's terms, else None (start from scratch). Started at the prior's full-degree surface,
-    L-BFGS stays in that surface's basin; with rows enough to set every term, the continuation
-    from degree 1 finds a better one: on 1,000 A100 rows a kernel refitted from the H100, held-out
-    prefill attention 6.55 % warm against 5.39 % from scratch (seeds 0–2)."""
+    L-BFGS stops where even the training rows are fitted worse; with rows enough to set every
+    term, the path degree by degree ends lower: 1,000 A100 prefill-attention rows refitted from the
+    H100 (seed 0), mean squared log-ratio 0.0087 warm against 0.0052 on them, held out 7.3 against
+    5.5 %."""
     if init is None:
         return None
     n = float(np.asarray(d.train).sum())
