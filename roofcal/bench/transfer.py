@@ -47,7 +47,8 @@ from roofcal.measurements import datasets
 from roofcal.transfer.bootstrap import DEFAULT_RULE, RULES, bootstrap
 from roofcal.model.coeffs import Coefficients, roundtrip
 from roofcal.calibration.fit import (ANCHOR, FEW_SHOT_KAPPA, FitSettings, add_curves, fit_kernels,
-                                     WARM_ROWS_PER_TERM, kernel_data, split_rows, with_default_variants)
+                                     MAIN_ROWS_PER_TERM, WARM_ROWS_PER_TERM, kernel_data, split_rows,
+                                     with_default_variants)
 from roofcal.model import curves
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import groups
@@ -201,7 +202,8 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
          f"harder on a degree whose terms outnumber the rows, surfaces anchored to the prior's "
          f"over the box of shapes ({ANCHOR:g} pseudo-row per term and row), started at the "
          f"prior's surface below {WARM_ROWS_PER_TERM:g} rows per term and by continuation in "
-         f"degree from there on, {FitSettings.kernel_iters} L-BFGS iterations per degree stage; "
+         f"degree from there on, a main fit centred on the prior from {MAIN_ROWS_PER_TERM:g} rows "
+         f"per term, {FitSettings.kernel_iters} L-BFGS iterations per degree stage; "
          f"'no prior' = fit from "
          f"scratch; the all-reduce tables have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),

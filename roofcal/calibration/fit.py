@@ -532,34 +532,56 @@ def with_default_variants(ops: dict, keys) -> dict:
     return out
 
 
-#: training rows per surface term from which a kernel fit given a start (``init``: a few-shot
-#: refit's prior) ignores it and runs a main fit's continuation in degree from scratch, still
-#: centred on the prior (:func:`warm_start`). 2 rather than 1, 3 or 4, and rather than always
-#: starting warm, on the few-shot learning curves of seeds 0–2 (docs/accuracy.md, "Transfer
-#: between GPUs")
+#: training rows per surface term below which a few-shot kernel fit starts at its prior's surface
+#: (:func:`warm_start`); from there on it runs the main fit's continuation in degree from scratch,
+#: still centred on the prior. 2 rather than 1, 3 or 4, and rather than always starting at the
+#: prior, on the few-shot learning curves of seeds 0–2 (docs/accuracy.md, "Transfer between GPUs")
 WARM_ROWS_PER_TERM = 2.0
+
+#: training rows per surface term from which a few-shot kernel fit is a main fit, only centred on
+#: its prior: the main fit's κ (:func:`main_kappa`) and no surface anchor (:func:`fit_one`). 5
+#: rather than 2: from 2, a GEMM refitted on 300 A100 rows (4.3 a term) strayed to 50 % held out
+#: on seed 0; from 5, 1,000 rows a kernel gained 0.19–0.44 point on each of seeds 0–5, A100 from
+#: H100 and H100 from A100 (docs/accuracy.md, "Transfer between GPUs")
+MAIN_ROWS_PER_TERM = 5.0
+
+
+def main_kappa(kappa: float) -> float:
+    """κ (pseudo-rows) of a few-shot kernel fit with :data:`MAIN_ROWS_PER_TERM` rows per term or
+    more: the main fit's (``FitSettings.prior_terms``, 0.01) for the default few-shot κ
+    (:data:`FEW_SHOT_KAPPA`, 0.1), in proportion for another (``--prior-weight``)."""
+    return kappa / FEW_SHOT_KAPPA * FitSettings.prior_terms
+
+
+def rows_per_term(d: KernelData, p: dict) -> float:
+    """``d``'s training rows per term of the efficiency surface of raw params ``p``."""
+    return float(np.asarray(d.train).sum()) / int(np.shape(p["eff_c"])[0])
 
 
 def warm_start(d: KernelData, init: dict | None) -> dict | None:
-    """``init`` while ``d``'s training rows are fewer than :data:`WARM_ROWS_PER_TERM` × its
-    surface's terms, else None (start from scratch). Started at the prior's full-degree surface,
-    L-BFGS stops where even the training rows are fitted worse; with rows enough to set every
-    term, the path degree by degree ends lower: 1,000 A100 prefill-attention rows refitted from the
-    H100 (seed 0), mean squared log-ratio 0.0087 warm against 0.0052 on them, held out 7.3 against
+    """``init`` while ``d`` has fewer than :data:`WARM_ROWS_PER_TERM` training rows per surface
+    term, else None (start from scratch). Started at the prior's full-degree surface, L-BFGS
+    stops where even the training rows are fitted worse; with rows enough to set every term, the
+    path degree by degree ends lower: 1,000 A100 prefill-attention rows refitted from the H100
+    (seed 0), mean squared log-ratio 0.0087 warm against 0.0052 on them, held out 7.3 against
     5.5 %."""
-    if init is None:
-        return None
-    n = float(np.asarray(d.train).sum())
-    return init if n < WARM_ROWS_PER_TERM * int(np.shape(init["eff_c"])[0]) else None
+    return init if init is not None and rows_per_term(d, init) < WARM_ROWS_PER_TERM else None
 
 
 def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
             init: dict | None = None) -> dict:
     """:func:`fit_kernel` of ``d`` with its prior centred on ``prior`` (raw params; default
     :func:`default_prior`) and started from ``init`` where rows are few (:func:`warm_start`;
-    default :func:`init_op_params`); a prior's or start's curves are set aside."""
+    default :func:`init_op_params`); a prior's or start's curves are set aside. With
+    :data:`MAIN_ROWS_PER_TERM` training rows per term or more the rows set the surface, and a
+    prior's few-shot strengths (``settings``' κ, the anchor) would hold it toward another GPU's:
+    ``d`` is fitted as a main fit, centred on ``prior`` with :func:`main_kappa`."""
     c = curves.surface_only(prior) or default_prior(d.kind, settings.degree_of(d.kind), d)
     c = {**c, **K.on_device({"lo": d.lo, "hi": d.hi})}
+    if prior is not None and rows_per_term(d, c) >= MAIN_ROWS_PER_TERM:
+        main = replace(settings, prior_terms=main_kappa(settings.prior_terms),
+                       prior_scalars=main_kappa(settings.prior_scalars))
+        return fit_kernel(d, main, c, None)
     return fit_kernel(d, settings, c, warm_start(d, curves.surface_only(init)),
                       anchored=prior is not None)
 
@@ -948,7 +970,9 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
         [f"fitted with priors centred on {prior.source} (a variant it lacks: its kind's default "
          f"variant), the surfaces also held near its over the box of the rows' shapes "
          f"({ANCHOR:g} pseudo-row per term and row), started at its surfaces below "
-         f"{WARM_ROWS_PER_TERM:g} rows per term (from scratch above)"] + \
+         f"{WARM_ROWS_PER_TERM:g} training rows per term (from scratch above); from "
+         f"{MAIN_ROWS_PER_TERM:g} a term, fitted as a main fit centred on it (a tenth of the "
+         f"prior's weight, no anchor)"] + \
         [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
                      data=provenance or [], fit=settings.record(), kernel_sets=kernel_sets,

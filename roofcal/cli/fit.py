@@ -131,7 +131,8 @@ def register(sub) -> None:
     s.add_argument("--prior", help="coefficient file to centre the priors on (few-shot refit)")
     s.add_argument("--prior-weight", type=float, help="strength of the priors in pseudo-rows "
                    "(default 0.1 with --prior, best on the few-shot learning curves beside "
-                   "the surface anchor; else 0.01: the data decides)")
+                   "the surface anchor; a tenth of it, no anchor, for a kernel with 5 training "
+                   "rows or more per surface term; else 0.01: the data decides)")
     s.add_argument("--out", help=f"coefficient file to write (default {DEFAULT_OUT}/<gpu>.yaml; the shipped files "
                    "are coeffs/<gpu>.yaml)")
     s.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")

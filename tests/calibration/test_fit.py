@@ -391,13 +391,15 @@ def test_a_refit_centres_a_variant_its_prior_lacks_and_starts_it_from_scratch(mo
     assert "a variant it lacks: its kind's default variant" in out.coeffs.notes[0]
 
 
-def test_a_refit_with_rows_enough_runs_the_continuation_and_lands_closer(monkeypatch):
-    """``warm_start``, hand-checked: a prefill-attention surface has 84 terms, so a refit keeps its
-    prior's start on up to 167 training rows and starts from scratch from 168. Refitted from the
+def test_a_refit_with_rows_enough_is_fitted_as_a_main_fit_and_lands_closer(monkeypatch):
+    """The few-shot regimes, hand-checked: a prefill-attention surface has 84 terms, so a refit
+    starts at its prior's surface on up to 167 training rows (``warm_start``), runs the
+    continuation in degree from 168 (2 a term), and is a main fit centred on the prior from 420
+    (5 a term: ``main_kappa`` takes κ 0.1 to the main fit's 0.01, 1 to 0.1). Refitted from the
     H100 fit (bootstrapped) on 1,000 A100 prefill-attention rows (the few-shot learning curve's
-    draw: seed 0), the continuation in degree predicts the 1,091 held-out rows closer than L-BFGS
-    started at the prior's surface, which stops where it fits even its training rows worse (5.5
-    against 7.3 % held out, measured)."""
+    draw: seed 0), the 1,091 held-out rows: started at the prior, L-BFGS stops where it fits even
+    its training rows worse (7.3 % held out, measured); the continuation with the few-shot
+    strengths 5.5 %; as a main fit 4.7 %."""
     from roofcal.calibration import fit as F
     from roofcal.measurements.datasets import microbench_table
     from roofcal.physics.kernels import groups
@@ -405,6 +407,8 @@ def test_a_refit_with_rows_enough_runs_the_continuation_and_lands_closer(monkeyp
     prior = coeff_io.roundtrip(bootstrap(coeff_io.load("coeffs/h100_sxm.yaml", "h100_sxm"), H100, A100,
                                          DEFAULT_RULE)).params["ops"]["attn_prefill/bf16"]
     assert prior["eff_c"].shape == (84,)
+    assert F.main_kappa(F.FEW_SHOT_KAPPA) == FitSettings().prior_terms == 0.01
+    assert F.main_kappa(1.0) == pytest.approx(0.1)
     t = microbench_table("a100_sxm")
     test = split_rows((t["op"] + "/" + t["dtype"]).to_numpy(), 0.2, 0)
     rng = np.random.default_rng(1_000)                # roofcal.bench.transfer.sample_rows's draw
@@ -416,14 +420,16 @@ def test_a_refit_with_rows_enough_runs_the_continuation_and_lands_closer(monkeyp
     settings = replace(FitSettings(progress=False), prior_terms=F.FEW_SHOT_KAPPA,
                        prior_scalars=F.FEW_SHOT_KAPPA)
     (key, d), = kernel_data(sample, A100, np.zeros(1_000, bool), settings).items()
-    few = replace(d, train=jnp.asarray(np.arange(1_000) < 167, jnp.float32))
-    assert F.warm_start(few, prior) is prior
-    assert F.warm_start(replace(d, train=jnp.asarray(np.arange(1_000) < 168, jnp.float32)), prior) is None
+    rows = lambda n: replace(d, train=jnp.asarray(np.arange(1_000) < n, jnp.float32))
+    assert F.warm_start(rows(167), prior) is prior and F.warm_start(rows(168), prior) is None
+    assert F.rows_per_term(rows(419), prior) < F.MAIN_ROWS_PER_TERM <= F.rows_per_term(rows(420), prior)
 
     def mape(ops):
         pred = predict_table(held, {"ops": {key: ops}, "step": K.neutral_step_params()}, A100)["predicted_us"]
         return float(np.mean(np.abs(pred.to_numpy() / held["latency_us"].to_numpy() - 1)) * 100)
-    scratch = mape(F.fit_one(d, settings, prior, prior))
+    main = mape(F.fit_one(d, settings, prior, prior))
+    monkeypatch.setattr(F, "MAIN_ROWS_PER_TERM", math.inf)
+    continuation = mape(F.fit_one(d, settings, prior, prior))
     monkeypatch.setattr(F, "WARM_ROWS_PER_TERM", math.inf)
     warm = mape(F.fit_one(d, settings, prior, prior))
-    assert scratch < warm - 1, (scratch, warm)
+    assert main < continuation - 0.5 and continuation < warm - 1, (main, continuation, warm)
