@@ -201,9 +201,10 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
          f"'{DEFAULT_RULE}' from H100, κ = {FEW_SHOT_KAPPA:g} pseudo-rows, held (terms / rows)² "
          f"harder on a degree whose terms outnumber the rows, surfaces anchored to the prior's "
          f"over the box of shapes ({ANCHOR:g} pseudo-row per term and row), started at the "
-         f"prior's surface below {WARM_ROWS_PER_TERM:g} rows per term and by continuation in "
-         f"degree from there on, a main fit centred on the prior from {MAIN_ROWS_PER_TERM:g} rows "
-         f"per term, {FitSettings.kernel_iters} L-BFGS iterations per degree stage; "
+         f"prior's surface below {WARM_ROWS_PER_TERM:g} rows per term, a main fit centred on the "
+         f"prior from {MAIN_ROWS_PER_TERM:g}, between them whichever of the two, by continuation "
+         f"in degree, predicts a fifth of the rows set aside the closer, "
+         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; "
          f"'no prior' = fit from "
          f"scratch; the all-reduce tables have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),

@@ -533,9 +533,12 @@ def with_default_variants(ops: dict, keys) -> dict:
 
 
 #: training rows per surface term below which a few-shot kernel fit starts at its prior's surface
-#: (:func:`warm_start`); from there on it runs the main fit's continuation in degree from scratch,
-#: still centred on the prior. 2 rather than 1, 3 or 4, and rather than always starting at the
-#: prior, on the few-shot learning curves of seeds 0–2 (docs/accuracy.md, "Transfer between GPUs")
+#: (:func:`fit_one`); from there on it runs the main fit's continuation in degree from scratch,
+#: still centred on the prior. Started at the prior's full-degree surface, L-BFGS stops where even
+#: the training rows are fitted worse: 1,000 A100 prefill-attention rows refitted from the H100
+#: (seed 0), mean squared log-ratio 0.0087 there against 0.0052 by the continuation, held out 7.3
+#: against 5.5 %. 2 rather than 1, 3 or 4, and rather than always starting at the prior, on the
+#: few-shot learning curves of seeds 0–2 (docs/accuracy.md, "Transfer between GPUs")
 WARM_ROWS_PER_TERM = 2.0
 
 #: training rows per surface term from which a few-shot kernel fit is a main fit, only centred on
@@ -558,32 +561,58 @@ def rows_per_term(d: KernelData, p: dict) -> float:
     return float(np.asarray(d.train).sum()) / int(np.shape(p["eff_c"])[0])
 
 
-def warm_start(d: KernelData, init: dict | None) -> dict | None:
-    """``init`` while ``d`` has fewer than :data:`WARM_ROWS_PER_TERM` training rows per surface
-    term, else None (start from scratch). Started at the prior's full-degree surface, L-BFGS
-    stops where even the training rows are fitted worse; with rows enough to set every term, the
-    path degree by degree ends lower: 1,000 A100 prefill-attention rows refitted from the H100
-    (seed 0), mean squared log-ratio 0.0087 warm against 0.0052 on them, held out 7.3 against
-    5.5 %."""
-    return init if init is not None and rows_per_term(d, init) < WARM_ROWS_PER_TERM else None
+def set_aside(d: KernelData, seed: int) -> tuple[KernelData, np.ndarray]:
+    """(``d`` with a fifth of its training rows set aside, their weights (N,) float32): a seeded
+    draw per kernel kind, for :func:`fit_one`'s choice of fit."""
+    train = np.asarray(d.train) > 0
+    idx = np.flatnonzero(train)
+    aside = _rng(seed, f"set aside {d.kind}").choice(idx, size=len(idx) // 5, replace=False)
+    keep, held = train.astype(np.float32), np.zeros(len(train), np.float32)
+    keep[aside], held[aside] = 0.0, 1.0
+    return replace(d, train=jnp.asarray(keep)), held
+
+
+def rows_error(d: KernelData, p: dict, weight: np.ndarray) -> float:
+    """Mean squared log-ratio of raw params ``p`` on ``d``'s rows of ``weight`` (N,): its
+    objective with every prior strength 0 and every term on."""
+    objective, feats = d.objective()
+    free = {k: v for k, v in p.items() if k not in ("lo", "hi")}
+    zero = jax.tree_util.tree_map(jnp.zeros_like, free)
+    on = jnp.ones(free["eff_c"].shape, jnp.float32)
+    return float(objective(free, (feats, d.tc, d.tm, d.y, jnp.asarray(weight), free, zero, on)))
 
 
 def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
             init: dict | None = None) -> dict:
     """:func:`fit_kernel` of ``d`` with its prior centred on ``prior`` (raw params; default
-    :func:`default_prior`) and started from ``init`` where rows are few (:func:`warm_start`;
-    default :func:`init_op_params`); a prior's or start's curves are set aside. With
-    :data:`MAIN_ROWS_PER_TERM` training rows per term or more the rows set the surface, and a
-    prior's few-shot strengths (``settings``' κ, the anchor) would hold it toward another GPU's:
-    ``d`` is fitted as a main fit, centred on ``prior`` with :func:`main_kappa`."""
+    :func:`default_prior`) and started from ``init`` (default :func:`init_op_params`); a
+    prior's or start's curves are set aside.
+
+    With a prior (a few-shot refit), by ``d``'s training rows per surface term: below
+    :data:`WARM_ROWS_PER_TERM` started at ``init`` and held by the few-shot
+    strengths (``settings``' κ, the surface anchor); from :data:`MAIN_ROWS_PER_TERM` on the rows
+    set the surface and those strengths would hold it toward another GPU's, so ``d`` is fitted as
+    a main fit, centred on ``prior`` with :func:`main_kappa` and no anchor. Between, the few-shot
+    strengths and the main fit, both by continuation from scratch, are fitted on four fifths of
+    the rows, and the one closer on the fifth set aside (:func:`set_aside`) is fitted on all: the
+    two trade places from kernel to kernel there (300 A100 rows: decode attention 13.9 % held out
+    with the few-shot strengths, 9.1 as a main fit; GEMM 10.1 and, on one seed, 50 %)."""
     c = curves.surface_only(prior) or default_prior(d.kind, settings.degree_of(d.kind), d)
     c = {**c, **K.on_device({"lo": d.lo, "hi": d.hi})}
-    if prior is not None and rows_per_term(d, c) >= MAIN_ROWS_PER_TERM:
-        main = replace(settings, prior_terms=main_kappa(settings.prior_terms),
-                       prior_scalars=main_kappa(settings.prior_scalars))
-        return fit_kernel(d, main, c, None)
-    return fit_kernel(d, settings, c, warm_start(d, curves.surface_only(init)),
-                      anchored=prior is not None)
+    if prior is None:
+        return fit_kernel(d, settings, c, curves.surface_only(init))
+    main = replace(settings, prior_terms=main_kappa(settings.prior_terms),
+                   prior_scalars=main_kappa(settings.prior_scalars))
+    as_main = lambda rows: fit_kernel(rows, main, c, None)
+    held = lambda rows, start=None: fit_kernel(rows, settings, c, start, anchored=True)
+    r = rows_per_term(d, c)
+    if r < WARM_ROWS_PER_TERM:
+        return held(d, curves.surface_only(init))
+    if r >= MAIN_ROWS_PER_TERM:
+        return as_main(d)
+    part, aside = set_aside(d, settings.seed)
+    closer = rows_error(d, as_main(part), aside) < rows_error(d, held(part), aside)
+    return as_main(d) if closer else held(d)
 
 
 def kernel_work(d: KernelData) -> int:
@@ -972,7 +1001,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
          f"({ANCHOR:g} pseudo-row per term and row), started at its surfaces below "
          f"{WARM_ROWS_PER_TERM:g} training rows per term (from scratch above); from "
          f"{MAIN_ROWS_PER_TERM:g} a term, fitted as a main fit centred on it (a tenth of the "
-         f"prior's weight, no anchor)"] + \
+         f"prior's weight, no anchor); between, whichever of the two predicts a fifth of the "
+         f"rows set aside the closer"] + \
         [f"prior: {n}" for n in prior.notes]
     c = Coefficients(gpu.name, gpu.sha256(), params, calibrated=True, notes=notes,
                      data=provenance or [], fit=settings.record(), kernel_sets=kernel_sets,

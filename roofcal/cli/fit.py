@@ -132,7 +132,8 @@ def register(sub) -> None:
     s.add_argument("--prior-weight", type=float, help="strength of the priors in pseudo-rows "
                    "(default 0.1 with --prior, best on the few-shot learning curves beside "
                    "the surface anchor; a tenth of it, no anchor, for a kernel with 5 training "
-                   "rows or more per surface term; else 0.01: the data decides)")
+                   "rows or more per surface term, or 2 to 5 where that predicts a fifth of them "
+                   "set aside the closer; else 0.01: the data decides)")
     s.add_argument("--out", help=f"coefficient file to write (default {DEFAULT_OUT}/<gpu>.yaml; the shipped files "
                    "are coeffs/<gpu>.yaml)")
     s.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
