@@ -533,12 +533,13 @@ def with_default_variants(ops: dict, keys) -> dict:
 
 
 #: training rows per surface term below which a few-shot kernel fit starts at its prior's surface
-#: (:func:`fit_one`); from there on it runs the main fit's continuation in degree from scratch,
-#: still centred on the prior. Started at the prior's full-degree surface, L-BFGS stops where even
-#: the training rows are fitted worse: 1,000 A100 prefill-attention rows refitted from the H100
-#: (seed 0), mean squared log-ratio 0.0087 there against 0.0052 by the continuation, held out 7.3
-#: against 5.5 %. 2 rather than 1, 3 or 4, and rather than always starting at the prior, on the
-#: few-shot learning curves of seeds 0–2 (docs/accuracy.md, "Transfer between GPUs")
+#: (:func:`fit_one`); from there on it starts from scratch and runs the main fit's continuation
+#: in degree, still centred on the prior. Started at the prior's full-degree surface, L-BFGS
+#: stops where even the training rows are fitted worse: 1,000 A100 prefill-attention rows
+#: refitted from the H100 (seed 0), mean squared log-ratio 0.0087 there against 0.0052 by the
+#: continuation, held out 7.3 against 5.5 %. 2 rather than 1, 3 or 4, and rather than always
+#: starting at the prior, on the few-shot learning curves of seeds 0–2 (docs/accuracy.md,
+#: "Transfer between GPUs")
 WARM_ROWS_PER_TERM = 2.0
 
 #: training rows per surface term from which a few-shot kernel fit is a main fit, only centred on
@@ -589,8 +590,8 @@ def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,
     prior's or start's curves are set aside.
 
     With a prior (a few-shot refit), by ``d``'s training rows per surface term: below
-    :data:`WARM_ROWS_PER_TERM` started at ``init`` and held by the few-shot
-    strengths (``settings``' κ, the surface anchor); from :data:`MAIN_ROWS_PER_TERM` on the rows
+    :data:`WARM_ROWS_PER_TERM` started at ``init`` and held by the few-shot strengths
+    (``settings``' κ, the surface anchor); from :data:`MAIN_ROWS_PER_TERM` on the rows
     set the surface and those strengths would hold it toward another GPU's, so ``d`` is fitted as
     a main fit, centred on ``prior`` with :func:`main_kappa` and no anchor. Between, the few-shot
     strengths and the main fit, both by continuation from scratch, are fitted on four fifths of
