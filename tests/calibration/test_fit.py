@@ -325,18 +325,7 @@ def test_a_few_shot_refit_keeps_its_surface_near_the_prior_where_its_rows_are_no
     context 1 ≈ 70 times too slow: its degree-4 terms swung at a corner of the box of shapes
     that none of the 100 rows sits in."""
     from roofcal.calibration import fit as F
-    from roofcal.measurements.datasets import microbench_table
-    from roofcal.physics.kernels import groups
-    from roofcal.transfer.bootstrap import DEFAULT_RULE, bootstrap
-    prior = coeff_io.roundtrip(bootstrap(coeff_io.load("coeffs/h100_sxm.yaml", "h100_sxm"), H100, A100,
-                                         DEFAULT_RULE)).params["ops"]["attn_decode/bf16"]
-    t = microbench_table("a100_sxm")
-    test = split_rows((t["op"] + "/" + t["dtype"]).to_numpy(), 0.2, 0)
-    rng = np.random.default_rng(100)                  # roofcal.bench.transfer.sample_rows's draw
-    draws = {K.op_key(op, dt): rng.choice(idx[~test[idx]], size=min(100, int((~test[idx]).sum())),
-                                          replace=False) for _, op, dt, idx in groups(t)}
-    sample = t.iloc[np.sort(draws["attn_decode/bf16"])].reset_index(drop=True)
-    held = t[test & (t["op"] == "attn_decode").to_numpy()].reset_index(drop=True)
+    prior, sample, held = _few_shot_rows("attn_decode/bf16", 100)
     settings = replace(FitSettings(progress=False), prior_terms=F.FEW_SHOT_KAPPA,
                        prior_scalars=F.FEW_SHOT_KAPPA)
     (key, d), = kernel_data(sample, A100, np.zeros(100, bool), settings).items()
