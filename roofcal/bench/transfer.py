@@ -204,9 +204,8 @@ def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[
          f"prior's surface below {WARM_ROWS_PER_TERM:g} rows per term, a main fit centred on the "
          f"prior from {MAIN_ROWS_PER_TERM:g}, between them whichever of the two, by continuation "
          f"in degree, predicts a fifth of the rows set aside the closer, "
-         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; "
-         f"'no prior' = fit from "
-         f"scratch; the all-reduce tables have 55 training rows, so their curve stops there)",
+         f"{FitSettings.kernel_iters} L-BFGS iterations per degree stage; 'no prior' = fit "
+         f"from scratch; the all-reduce tables have 55 training rows, so their curve stops there)",
          markdown(learning_curve(h100, H, A, a_tab, seed=seed))),
     ]
     return out
