@@ -31,7 +31,7 @@ def cmd_fit(a) -> None:
         check_output(Path(DEFAULT_OUT) / f"{gpu.name}.yaml", "coefficient file (--out)")
     paths = a.data or datasets.bundled_paths(gpu.name)
     prior = coeff_io.load(a.prior, gpu) if a.prior else None
-    m = datasets.load(paths, gpu=gpu.name, model=a.model, tp=a.tp)
+    m = datasets.load(paths, gpu=gpu, model=a.model, tp=a.tp)
     kappa = a.prior_weight if a.prior_weight is not None else (FEW_SHOT_KAPPA if a.prior else None)
     weight = {} if kappa is None else {"prior_terms": kappa, "prior_scalars": kappa}
     if a.max_rows < 1:
@@ -46,6 +46,8 @@ def cmd_fit(a) -> None:
     n_ops = 0 if m.ops is None else len(m.ops)
     print(f"fitting {gpu.name}: {n_ops} per-op rows, {sum(len(d) for d in m.steps)} steps "
           f"from {len(m.provenance)} files", flush=True)
+    if m.left_out:
+        print("left out, not priced: " + "; ".join(f"{n:,} rows: {k}" for k, n in m.left_out.items()))
     result = fit(gpu, m.ops, m.steps, settings, prior=prior, provenance=m.provenance)
     out = Path(a.out) if a.out else Path(DEFAULT_OUT) / f"{gpu.name}.yaml"
     c = result.coeffs

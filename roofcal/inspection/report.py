@@ -183,7 +183,7 @@ def _load_data(data, spec, model, tp):
             paths += datasets.bundled_paths(spec.name)
         else:
             paths.append(Path(it))
-    return datasets.load(paths, gpu=spec.name if spec else None, model=model, tp=tp)
+    return datasets.load(paths, gpu=spec, model=model, tp=tp)
 
 def _filter_steps(steps: list, model, tp) -> list:
     if model is not None:

@@ -34,6 +34,8 @@ class Measurements:
     ops: pd.DataFrame | None = None
     steps: list = field(default_factory=list)
     provenance: list = field(default_factory=list)
+    #: per-op rows read but not priced, by reason: {label: rows} (:func:`roofcal.measurements.ops.left_out`)
+    left_out: dict = field(default_factory=dict)
 
 
 def bundled_paths(gpu: str) -> list[Path]:
@@ -62,10 +64,19 @@ def is_splitwise(path: Path) -> bool:
     return SPLITWISE_COLUMNS <= header
 
 
-def load(paths, gpu: str | None = None, model=None, tp=None) -> Measurements:
+def _names(gpu) -> set[str]:
+    """The names a GPU's rows may carry: its datasheet name and aliases (lower case, '-' as '_')."""
+    from roofcal.physics.hardware import gpu_key
+    names = [gpu] if isinstance(gpu, str) else [gpu.name, *gpu.aliases]
+    return {gpu_key(n) for n in names}
+
+
+def load(paths, gpu=None, model=None, tp=None) -> Measurements:
     """Read measurement files; ``model``/``tp`` apply to step JSONL rows that do not name them.
 
-    Per-op rows for another GPU than ``gpu`` are refused (one fit is for one GPU).
+    ``gpu``: a datasheet name or a :class:`~roofcal.physics.hardware.GPUSpec`. Per-op rows for
+    another GPU are refused (one fit is for one GPU); rows named by one of the datasheet's aliases
+    (the name nvidia-smi reports, as a collector writes it) are this GPU's.
     """
     m = Measurements()
     frames = []
@@ -83,19 +94,27 @@ def load(paths, gpu: str | None = None, model=None, tp=None) -> Measurements:
             else:
                 df = read_ops(f)
                 frames.append(df)
+                for k, n in df.attrs.get("left_out", {}).items():
+                    m.left_out[k] = m.left_out.get(k, 0) + n
                 kind, rows = "per-op", len(df)
             m.provenance.append({"path": name, "sha256": sha256_file(f), "kind": kind, "rows": rows})
     if frames:
         m.ops = pd.concat(frames, ignore_index=True)
     if gpu is not None:
+        name, names = (gpu if isinstance(gpu, str) else gpu.name), _names(gpu)
         if m.ops is not None:
-            other = sorted(set(m.ops["gpu"].unique()) - {gpu})
+            from roofcal.physics.hardware import gpu_key
+            seen = {g: gpu_key(g) in names for g in m.ops["gpu"].unique()}
+            other = sorted(g for g, ok in seen.items() if not ok)
             if other:
                 src = m.ops.loc[m.ops["gpu"] == other[0], "source"].iloc[0]
-                raise RoofcalError(f"{src}: rows are for GPU '{other[0]}', not '{gpu}'")
+                raise RoofcalError(f"{src}: rows are for GPU '{other[0]}', not '{name}' (give the "
+                                   f"name the table carries as one of the datasheet's aliases)")
+            if any(g != name for g in seen):
+                m.ops["gpu"] = name
         for d in m.steps:
-            if d.gpu != gpu:
-                raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{gpu}'")
+            if d.gpu != name:
+                raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{name}'")
     if m.ops is None and not m.steps:
         raise RoofcalError("no measurements found in " + ", ".join(str(p) for p in paths))
     return m

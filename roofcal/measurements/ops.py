@@ -81,56 +81,94 @@ def kernel_set_order(name: str) -> tuple:
     import re
     m = re.fullmatch(r"(.*?)-(\d+(?:\.\d+)*)", name)
     return (m.group(1), tuple(int(x) for x in m.group(2).split("."))) if m else (name, ())
-_GPU = {"NVIDIA H100 80GB HBM3": "h100_sxm", "NVIDIA A100-SXM4-80GB": "a100_sxm"}
+
+
+def table_kernel_set(df: pd.DataFrame) -> str | None:
+    """The kernel set an aiconfigurator table names in its own columns: ``<framework>-<version>``
+    lower-cased (``VLLM``, ``0.24.0`` → ``vllm-0.24.0``); ``""`` for NCCL's collectives (shared
+    by every set); None when the table does not say (no single framework and version)."""
+    if "nccl_dtype" in df.columns or ("kernel_source" in df.columns
+                                      and set(df["kernel_source"].unique()) == {"NCCL"}):
+        return ""
+    if not {"framework", "version"} <= set(df.columns) or df.empty:
+        return None
+    fw, ver = df["framework"].unique(), df["version"].unique()
+    if len(fw) != 1 or len(ver) != 1:
+        return None
+    name = f"{str(fw[0]).strip().lower()}-{str(ver[0]).strip()}"
+    import re
+    return name if re.fullmatch(r"[a-z][a-z0-9_]*-\d+(?:\.\d+)*", name) else None
 
 
 # --------------------------------------------------------------------------------------------
 # loading
 
+def gpu_of_device(device: str) -> str:
+    """The bundled datasheet a table's ``device`` (the name nvidia-smi reports, "NVIDIA L40S")
+    names through its aliases, else the device name as it is."""
+    from roofcal.physics.hardware import load_gpu
+    try:
+        return load_gpu(device).name if device else device
+    except RoofcalError:
+        return device
+
+
 def _gpu_name(device: str, gpu: str | None) -> str:
-    return gpu or _GPU.get(device) or device
+    return gpu or gpu_of_device(device)
 
 
 def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -> pd.DataFrame:
     """Convert one aiconfigurator table (any of its perf parquet files) to the interchange form.
 
-    The rows left out (other kernels, sliding windows, other collectives, unmapped dtypes) are
-    gathered into one mask and dropped once, at the end: each selection of a table copies its
-    text columns (docs/fit-speed-log.md, twentieth session)."""
+    The rows left out (kernels roofcal does not price, sliding windows, other collectives,
+    dtypes without a variant) are gathered into one mask and dropped once, at the end (each
+    selection of a table copies its text columns); ``attrs["left_out"]`` counts them by reason,
+    ``{label: rows}``, each row under the first reason that leaves it out."""
     cols = set(df.columns)
     dev = _gpu_name(str(df["device"].iloc[0]) if "device" in cols and len(df) else "", gpu)
-    keep = np.ones(len(df), bool)
-    if "kernel_source" in cols:
-        keep &= ~df["kernel_source"].isin(LEFT_OUT_SOURCES).to_numpy()
+    left: dict[str, np.ndarray] = {}          # what is left out, and why: {label: row mask}
 
     def column(c):
         return df[c].to_numpy()
+    if "kernel_source" in cols:
+        for src in sorted(set(df["kernel_source"].unique()) & LEFT_OUT_SOURCES):
+            left[f"kernel {src} (a kernel roofcal does not price)"] = column("kernel_source") == src
     if "window_size" in cols:                           # attention: sliding windows left out
-        keep &= column("window_size") == 0
+        left["sliding-window attention"] = column("window_size") != 0
     if {"m", "n", "k", "gemm_dtype"} <= cols:
-        out = {"op": "gemm", "dtype": df["gemm_dtype"].map(_DTYPE),
+        raw_dtype = df["gemm_dtype"]
+        out = {"op": "gemm", "dtype": raw_dtype.map(_DTYPE),
                "m": column("m"), "n": column("n"), "k": column("k")}
     elif {"isl", "num_heads", "kv_cache_dtype"} <= cols and (df["op_name"] == "context_attention").all():
-        out = {"op": "attn_prefill", "dtype": df["kv_cache_dtype"].map(_DTYPE),
+        raw_dtype = df["kv_cache_dtype"]
+        out = {"op": "attn_prefill", "dtype": raw_dtype.map(_DTYPE),
                "batch": column("batch_size"), "seq": column("isl"), "cached": np.zeros(len(df), np.int64),
                "heads": column("num_heads"), "kv_heads": column("num_key_value_heads"),
                "head_dim": column("head_dim")}
     elif {"step", "num_heads", "kv_cache_dtype"} <= cols and (df["op_name"] == "generation_attention").all():
-        out = {"op": "attn_decode", "dtype": df["kv_cache_dtype"].map(_DTYPE),
+        raw_dtype = df["kv_cache_dtype"]
+        out = {"op": "attn_decode", "dtype": raw_dtype.map(_DTYPE),
                "batch": column("batch_size"), "context": column("step"), "heads": column("num_heads"),
                "kv_heads": column("num_key_value_heads"), "head_dim": column("head_dim")}
     elif {"message_size", "backend"} <= cols:
+        raw_dtype = df["backend"]
         out = {"op": "allreduce",
-               "dtype": df["backend"].map({"vllm_graph": "custom", "vllm_eager": "custom_eager"}),
+               "dtype": raw_dtype.map({"vllm_graph": "custom", "vllm_eager": "custom_eager"}),
                "num_gpus": column("num_gpus"), "bytes": column("message_size") * 2.0}   # bf16 elements
     elif {"message_size", "nccl_dtype"} <= cols:
-        keep &= ((df["op_name"] == "all_reduce") & (df["nccl_dtype"] == "half")).to_numpy()
+        raw_dtype = None
+        for op in sorted(set(df["op_name"].unique()) - {"all_reduce"}):
+            left[f"NCCL {op} (roofcal prices the all-reduce)"] = column("op_name") == op
+        for dt in sorted(set(df["nccl_dtype"].unique()) - {"half"}):
+            left[f"NCCL all_reduce of {dt} (the bf16 rows are read)"] = \
+                (column("op_name") == "all_reduce") & (column("nccl_dtype") == dt)
         out = {"op": "allreduce", "dtype": "nccl",
                "num_gpus": column("num_gpus"), "bytes": column("message_size") * 2.0}
     elif {"num_tokens", "moe_dtype", "topk"} <= cols:
         skew = {s: 0.0 if s == "balanced" else POWER_LAW_EXPONENT * float(str(s).rsplit("_", 1)[-1])
                 for s in df["distribution"].unique()}           # a few names over 10⁴–10⁵ rows
-        out = {"op": "moe", "dtype": df["moe_dtype"].map(_DTYPE), "tokens": column("num_tokens"),
+        raw_dtype = df["moe_dtype"]
+        out = {"op": "moe", "dtype": raw_dtype.map(_DTYPE), "tokens": column("num_tokens"),
                "hidden": column("hidden_size"), "inter": column("inter_size"), "topk": column("topk"),
                "experts": column("num_experts"), "tp": column("moe_tp_size"), "ep": column("moe_ep_size"),
                "skew": df["distribution"].map(skew).to_numpy()}
@@ -138,11 +176,24 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
         raise RoofcalError(f"{source}: not a recognised aiconfigurator table (columns: "
                            f"{', '.join(sorted(cols))})")
     if isinstance(out["dtype"], pd.Series):
-        keep &= out["dtype"].notna().to_numpy()
+        unmapped = out["dtype"].isna().to_numpy()
+        for dt in sorted(set(raw_dtype[unmapped].astype(str))):
+            left[f"{out['op']} of dtype {dt} (not priced)"] = unmapped & (raw_dtype.astype(str) == dt).to_numpy()
         out["dtype"] = out["dtype"].array
+    keep = ~np.logical_or.reduce(list(left.values())) if left else np.ones(len(df), bool)
     out |= {"gpu": dev, "latency_us": column("latency") * 1000.0, "source": source}
-    return pd.DataFrame({c: x if isinstance(x, str) else x[keep] for c, x in out.items()},
+    conv = pd.DataFrame({c: x if isinstance(x, str) else x[keep] for c, x in out.items()},
                         index=pd.RangeIndex(int(keep.sum())))
+    # each row counted once, under the first reason that leaves it out
+    taken = np.zeros(len(df), bool)
+    counts = {}
+    for label, mask in left.items():
+        n = int((mask & ~taken).sum())
+        taken |= mask
+        if n:
+            counts[label] = n
+    conv.attrs["left_out"] = counts
+    return conv
 
 
 def validate_table(df: pd.DataFrame, source: str) -> pd.DataFrame:
@@ -215,7 +266,10 @@ def read_ops(path: str | Path, gpu: str | None = None) -> pd.DataFrame:
         files = sorted(path.rglob("*.parquet")) + sorted(path.rglob("*.csv"))
         if not files:
             raise RoofcalError(f"{path}: folder holds no .parquet or .csv measurements")
-        return pd.concat([read_ops(f, gpu) for f in files], ignore_index=True)
+        frames = [read_ops(f, gpu) for f in files]
+        df = pd.concat(frames, ignore_index=True)
+        df.attrs["left_out"] = left_out(frames)
+        return df
     if path.suffix == ".parquet":
         from roofcal.resources import display
         try:
@@ -226,16 +280,32 @@ def read_ops(path: str | Path, gpu: str | None = None) -> pd.DataFrame:
             raise RoofcalError(f"{path}: not a readable parquet file ({type(e).__name__})")
         if "latency" not in raw.columns:
             raise RoofcalError(f"{path}: missing column 'latency'")
-        df = validate_table(from_aiconfigurator(raw, display(path), gpu), display(path))
+        conv = from_aiconfigurator(raw, display(path), gpu)
+        left = dict(conv.attrs.get("left_out", {}))
+        df = validate_table(conv, display(path))
+        kset = table_kernel_set(raw)
     else:
-        df = read_ops_csv(path)
-    kset = kernel_set_of(path)
+        df, left, kset = read_ops_csv(path), {}, None
+    kset = kernel_set_of(path) if kset is None else kset
     df["kernels"] = kset
     drop = np.zeros(len(df), bool)
     for s, op, dt in NOT_IN_GRAPH:
         if s == kset:
             drop |= ((df["op"] == op) & (df["dtype"] == dt)).to_numpy()
-    return df[~drop].reset_index(drop=True) if drop.any() else df
+    if drop.any():
+        left[f"{kset} GEMMs of dtype fp8_block (timed outside CUDA graphs)"] = int(drop.sum())
+        df = df[~drop].reset_index(drop=True)
+    df.attrs["left_out"] = left
+    return df
+
+
+def left_out(frames) -> dict:
+    """{reason: rows} left out of some tables :func:`read_ops` read, summed by reason."""
+    out: dict[str, int] = {}
+    for f in frames:
+        for k, n in f.attrs.get("left_out", {}).items():
+            out[k] = out.get(k, 0) + n
+    return out
 
 
 def write_ops_csv_text(df: pd.DataFrame) -> str:

@@ -1,0 +1,91 @@
+"""Per-op tables as a collector writes them: device names, kernel sets from the table's own
+columns, the collector's folder layout, and the rows roofcal does not price, counted by name."""
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from roofcal.errors import RoofcalError
+from roofcal.measurements import datasets
+from roofcal.measurements.ops import read_ops, table_kernel_set
+from roofcal.physics.hardware import bundled_gpus, gpu_key, load_gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+H100_024 = ROOT / "data" / "microbench" / "h100_sxm" / "vllm-0.24.0"
+L40S = ROOT.parent / "shared" / "data" / "microbench" / "l40s"
+needs_l40s = pytest.mark.skipif(not L40S.is_dir(), reason="../shared/data/microbench/l40s absent")
+
+
+def test_the_names_nvidia_smi_reports_are_aliases():
+    assert load_gpu("NVIDIA L40S").name == "l40s"
+    assert load_gpu("NVIDIA H100 80GB HBM3").name == "h100_sxm"
+    assert load_gpu("NVIDIA A100-SXM4-80GB").name == "a100_sxm"
+    assert load_gpu("NVIDIA H200").name == "h200_sxm"
+    assert load_gpu("NVIDIA B200").name == "b200"
+    assert gpu_key("NVIDIA H100 80GB HBM3") == gpu_key("nvidia-h100-80gb-hbm3")
+    for spec in bundled_gpus():          # every datasheet's first alias is an nvidia-smi name
+        assert spec.aliases[0].startswith("NVIDIA "), spec.name
+        assert load_gpu(spec.aliases[0]) == spec
+
+
+def test_kernel_set_from_the_tables_columns():
+    t = pd.DataFrame({"framework": ["VLLM"] * 2, "version": ["0.24.0"] * 2, "m": [1, 2]})
+    assert table_kernel_set(t) == "vllm-0.24.0"
+    assert table_kernel_set(t.assign(framework=["vLLM", "VLLM"])) is None      # not one framework
+    assert table_kernel_set(t.drop(columns="version")) is None
+    assert table_kernel_set(t.assign(kernel_source="NCCL", framework="TRTLLM")) == ""
+
+
+def test_the_collectors_layout_and_any_folder_name_read_the_same_kernels(tmp_path):
+    src = H100_024 / "custom_allreduce_perf.parquet"
+    for where in ("allreduce/vllm/0.24.0", "renamed"):     # the collector's layout; any folder
+        dst = tmp_path / where / src.name
+        dst.parent.mkdir(parents=True)
+        shutil.copy(src, dst)
+        df = read_ops(dst)
+        assert set(df["kernels"]) == {"vllm-0.24.0"}
+        assert len(df) == 138 and set(df["gpu"]) == {"h100_sxm"}
+    # the NCCL table is shared by every kernel set, wherever it lies
+    nccl = tmp_path / "nccl" / "nccl_perf.parquet"
+    nccl.parent.mkdir()
+    shutil.copy(ROOT / "data/microbench/h100_sxm/nccl-2.27.3/nccl_perf.parquet", nccl)
+    assert set(read_ops(nccl)["kernels"]) == {""}
+
+
+def test_rows_not_priced_are_counted_by_name():
+    df = read_ops(H100_024 / "gemm_perf.parquet")
+    # FP8 block-scaled GEMMs of 0.24 were timed outside CUDA graphs: 4,736 + 23,850 + 7,118 rows
+    assert df.attrs["left_out"] == {"vllm-0.24.0 GEMMs of dtype fp8_block (timed outside CUDA graphs)": 35704}
+    assert not (df["dtype"] == "fp8_block").any()
+    m = datasets.load([H100_024 / "moe_perf.parquet", H100_024 / "context_attention_perf.parquet"],
+                      gpu="h100_sxm")
+    # 972 + 1,944 MXFP4 MoE rows; 578 FlashAttention-4 prefill rows (module docstring of ops);
+    # 23,936 prefill rows of a sliding window (window_size > 0, counted in the parquet)
+    assert m.left_out == {"moe of dtype w4a16_mxfp4 (not priced)": 2916,
+                          "kernel vllm_flash_attn_fa4 (a kernel roofcal does not price)": 578,
+                          "sliding-window attention": 23936}
+
+
+@needs_l40s
+def test_a_table_named_as_nvidia_smi_names_its_gpu_is_read():
+    m = datasets.load([L40S / "vllm-0.24.0" / "moe_perf.parquet"], gpu=load_gpu("l40s"))
+    assert set(m.ops["gpu"]) == {"l40s"} and set(m.ops["kernels"]) == {"vllm-0.24.0"}
+    assert m.left_out == {"moe of dtype w4a16_mxfp4 (not priced)": 1944}
+    assert len(m.ops) == 48317 - 1944
+    with pytest.raises(RoofcalError, match="rows are for GPU 'l40s', not 'h100_sxm'"):
+        datasets.load([L40S / "vllm-0.24.0" / "moe_perf.parquet"], gpu="h100_sxm")
+
+
+@needs_l40s
+def test_a_users_datasheet_takes_rows_named_by_its_alias(tmp_path):
+    from roofcal.physics.hardware import datasheet_yaml
+    spec = load_gpu("l40s")
+    text = datasheet_yaml(spec).replace("name: l40s", "name: my_l40s", 1)
+    p = tmp_path / "my_l40s.yaml"
+    p.write_text(text)
+    mine = load_gpu(str(p))
+    assert mine.name == "my_l40s" and "NVIDIA L40S" in mine.aliases
+    m = datasets.load([L40S / "nccl-2.27.3"], gpu=mine)
+    assert set(m.ops["gpu"]) == {"my_l40s"}
