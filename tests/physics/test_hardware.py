@@ -136,3 +136,27 @@ def test_datasheet_template_follows_the_dataclass():
     assert d["sm_count"] == 108 and isinstance(d["sm_count"], int)
     assert list(d)[:5] == ["schema", "name", "display_name", "aliases", "sources"]
     assert "aliases" not in datasheet_dict(g.replace(aliases=()))
+
+
+def test_transfer_fields_every_bundled_gpu_has_checked_and_outside_the_hash():
+    """L2 capacity, memory kind and compute capability: given for every bundled GPU (the
+    vendors' figures, cited), validated, and not part of the hash (no correction reads them)."""
+    expected = {"a100_sxm": (40, "hbm2e", "8.0"), "h100_sxm": (50, "hbm3", "9.0"),
+                "l40s": (96, "gddr6", "8.9"), "l4": (48, "gddr6", "8.9"), "h200_sxm": (50, "hbm3e", "9.0")}
+    for g in bundled_gpus():
+        assert g.l2_cache_mib > 0 and g.memory_kind and g.compute_capability, g.name
+        assert any("L2" in s for s in g.sources), g.name
+        if g.name in expected:
+            assert (g.l2_cache_mib, g.memory_kind, g.compute_capability) == expected[g.name]
+    d = {k: v for k, v in _sheet().items() if k not in ("l2_cache_mib", "memory_kind", "compute_capability")}
+    plain = parse_datasheet(d, "x.yaml")
+    assert (plain.l2_cache_mib, plain.memory_kind, plain.compute_capability) == (0.0, "", "")
+    full = parse_datasheet({**d, "l2_cache_mib": 96, "memory_kind": "GDDR6", "compute_capability": "8.9"}, "x.yaml")
+    assert (full.l2_cache_mib, full.memory_kind, full.compute_capability) == (96.0, "gddr6", "8.9")
+    assert full.sha256() == plain.sha256()
+    with pytest.raises(RoofcalError, match="x.yaml: field 'memory_kind' must be one of hbm2, "):
+        parse_datasheet({**d, "memory_kind": "ddr5"}, "x.yaml")
+    with pytest.raises(RoofcalError, match="x.yaml: field 'compute_capability' must be 'major.minor'"):
+        parse_datasheet({**d, "compute_capability": 9}, "x.yaml")
+    with pytest.raises(RoofcalError, match="x.yaml: field 'l2_cache_mib' must be a positive number"):
+        parse_datasheet({**d, "l2_cache_mib": -1}, "x.yaml")

@@ -17,6 +17,9 @@ field                           meaning                                         
 ``sm_count``                    streaming multiprocessors                                   yes
 ``power_limit_w``               the board's default power limit (TDP), W                    no
 ``boost_clock_mhz``             the maximum SM clock (nvidia-smi's ``clocks.max.sm``), MHz  no
+``l2_cache_mib``                last-level (L2) cache, MiB (the vendor's "MB")              no
+``memory_kind``                 device memory: hbm2, hbm2e, hbm3, hbm3e, gddr6, gddr7       no
+``compute_capability``          CUDA compute capability, "major.minor" (8.0, 8.9, 9.0)      no
 ==============================  ==========================================================  ========
 
 The two power fields describe a busy GPU, not a burst: under a back-to-back load the board sits
@@ -25,6 +28,14 @@ at its power limit and lowers its SM clock (:mod:`roofcal.physics.power`). Witho
 ``boost_clock_mhz`` the clock is reported as a fraction of the maximum. They are not part of
 :meth:`GPUSpec.sha256`: the kernel corrections are relative to the peaks, not to the power; a
 coefficient file's ``power`` block records the power fields it was fitted with instead.
+
+The last three describe what transfer between GPUs needs and the peaks do not say: a working set
+within the L2 is served from it (a kernel timed again and again on the same buffers, as the per-op
+tables are, reads it at L2 speed: on the L40S, 96 MiB of L2 over 864 GB/s of GDDR6, decode
+attention over 32–96 MB of KV runs at 1.3–2× the memory bandwidth), the memory technology, and
+the architecture whose kernels vLLM picks (FlashAttention 3 and CUTLASS 3 on 9.0, FlashAttention 2
+and Triton on 8.9). No kernel correction reads them yet, so they are not part of
+:meth:`GPUSpec.sha256` either.
 
 Sparsity figures are refused: any key mentioning sparsity, and any low-precision peak above twice
 the BF16 peak (every NVIDIA generation doubles per halving of precision; 4x means a sparse figure).
@@ -44,9 +55,14 @@ SCHEMA = "roofcal-datasheet/1"
 DTYPES = ("bf16", "fp16", "fp8", "int8")
 REQUIRED = ("name", "sources", "dense_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib",
             "interconnect", "interconnect_bandwidth_gbs", "sm_count")
-OPTIONAL = ("schema", "display_name", "aliases", "notes", "power_limit_w", "boost_clock_mhz")
+OPTIONAL = ("schema", "display_name", "aliases", "notes", "power_limit_w", "boost_clock_mhz",
+            "l2_cache_mib", "memory_kind", "compute_capability")
 #: optional fields of a busy GPU's power state: not part of the hash (see the module docstring)
 POWER_FIELDS = ("power_limit_w", "boost_clock_mhz")
+#: optional fields that describe the GPU for transfer: not part of the hash (module docstring)
+TRANSFER_FIELDS = ("l2_cache_mib", "memory_kind", "compute_capability")
+#: the memory kinds a datasheet may name
+MEMORY_KINDS = ("hbm2", "hbm2e", "hbm3", "hbm3e", "gddr6", "gddr6x", "gddr7")
 #: datasheet fields a what-if or bootstrap may change, with their units
 NUMERIC_FIELDS = {
     "bf16_tflops": "1e12 FLOP/s", "fp16_tflops": "1e12 FLOP/s", "fp8_tflops": "1e12 FLOP/s",
@@ -54,6 +70,8 @@ NUMERIC_FIELDS = {
     "hbm_bandwidth_tbs": "1e12 B/s", "interconnect_bandwidth_gbs": "1e9 B/s",
     "hbm_capacity_gib": "GiB", "sm_count": "SMs", "power_limit_w": "W", "boost_clock_mhz": "MHz",
 }
+#: every numeric field's unit: the above and the transfer fields (no what-if changes those yet)
+UNITS = {**NUMERIC_FIELDS, "l2_cache_mib": "MiB"}
 #: rate field → factor from its unit to FLOP/µs or bytes/µs
 PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
           "hbm_bandwidth_tbs": 1e6, "interconnect_bandwidth_gbs": 1e3}
@@ -78,6 +96,9 @@ class GPUSpec:
     int8_tops: float = 0.0
     power_limit_w: float = 0.0         # 0 = unknown: no power cap modelled
     boost_clock_mhz: float = 0.0       # 0 = unknown: clocks reported as a fraction of the maximum
+    l2_cache_mib: float = 0.0          # 0 = unknown
+    memory_kind: str = ""              # "" = unknown; else one of MEMORY_KINDS
+    compute_capability: str = ""       # "" = unknown; "9.0"
     display_name: str = ""
     sources: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=(), compare=False)
@@ -110,7 +131,7 @@ class GPUSpec:
     def canonical(self) -> dict:
         """The figures that define the GPU (no names or citations), for hashing."""
         d = asdict(self)
-        for k in ("display_name", "sources", "aliases") + POWER_FIELDS:
+        for k in ("display_name", "sources", "aliases") + POWER_FIELDS + TRANSFER_FIELDS:
             d.pop(k)
         return d
 
@@ -137,6 +158,26 @@ def _positive(value, path, key) -> float:
 def _optional_positive(raw: dict, key: str, path) -> float:
     """An optional positive field of ``raw`` (0.0 when absent)."""
     return 0.0 if raw.get(key) is None else _positive(raw[key], path, key)
+
+
+def _memory_kind(value, path) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or value.lower() not in MEMORY_KINDS:
+        raise RoofcalError(f"{path}: field 'memory_kind' must be one of {', '.join(MEMORY_KINDS)}, "
+                           f"got {value!r}")
+    return value.lower()
+
+
+def _compute_capability(value, path) -> str:
+    import re
+    if value is None:
+        return ""
+    text = str(value)
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,2}\.\d", text):
+        raise RoofcalError(f"{path}: field 'compute_capability' must be 'major.minor' (e.g. '9.0'), "
+                           f"got {value!r}")
+    return text
 
 
 def _check_numbers(spec: GPUSpec, path) -> None:
@@ -210,6 +251,9 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
         sm_count=sm,
         power_limit_w=_optional_positive(raw, "power_limit_w", path),
         boost_clock_mhz=_optional_positive(raw, "boost_clock_mhz", path),
+        l2_cache_mib=_optional_positive(raw, "l2_cache_mib", path),
+        memory_kind=_memory_kind(raw.get("memory_kind"), path),
+        compute_capability=_compute_capability(raw.get("compute_capability"), path),
         display_name=str(raw.get("display_name", raw["name"])),
         sources=tuple(sources),
         aliases=tuple(str(a) for a in raw.get("aliases") or ()),
@@ -323,6 +367,6 @@ def datasheet_yaml(spec: GPUSpec, header: str = "") -> str:
     for line in text.splitlines():
         key = line.strip().split(":", 1)[0]
         field = nested.get(key) if line.startswith(" ") else key
-        unit = NUMERIC_FIELDS.get(field or "")
+        unit = UNITS.get(field or "")
         out.append(f"{line}  # {unit}" if unit and not line.rstrip().endswith(":") else line)
     return "\n".join(out) + "\n"
