@@ -226,9 +226,11 @@ def describe_rule(rule: str, ref_gpu: GPUSpec, new_gpu: GPUSpec) -> str:
 
 def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec) -> list:
     """The assumptions a bootstrapped file states (its ``notes``)."""
+    from roofcal.transfer.expectation import expectation, load as load_zero_shot
     return [
         f"zero-shot bootstrap for {new_gpu.name} from {ref.source} (fitted on {ref_gpu.name}), "
-        f"rule '{rule}'; not calibrated on {new_gpu.name}: expect per-op errors of 15-30 %; "
+        f"rule '{rule}'; not calibrated on {new_gpu.name}: expect per-op errors as "
+        f"{expectation(ref_gpu, new_gpu, load_zero_shot())} (coeffs/zero_shot.yaml); "
         f"a few-shot fit on measured kernels with this file as the prior refines it "
         f"(roofcal fit --gpu <the datasheet> --prior <this file> --data <kernels>)",
         f"replaced by the {new_gpu.name} datasheet: dense peaks (BF16 {new_gpu.bf16_tflops:g} "
@@ -240,7 +242,7 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
         "carried unchanged: per-call latencies (launch and prologue, µs), soft-max sharpness, "
         "the measured shapes' curves (relative to the surfaces they move with), "
         "step overheads (host side, µs), kernel-group scales and the prefill-decode mix",
-        "kernel kinds/variants absent from the reference fall back as roofcal.correction.lookup "
+        "kernel kinds/variants absent from the reference fall back as roofcal.model.correction.lookup "
         "does (the kind's default variant, else neutral); variants whose dtype the new GPU lacks "
         "(e.g. fp8 without FP8 tensor cores) are kept and run at the BF16 peak",
     ]
