@@ -180,8 +180,6 @@ def main(argv=None) -> None:
     ap.add_argument("--write-expectations", action="store_true",
                     help="rewrite coeffs/zero_shot.yaml, the errors gpu bootstrap quotes")
     a = ap.parse_args(argv)
-    from roofcal.cli.main import jax_defaults
-    jax_defaults()
     run(a.out, a.few_shot, a.seed, a.write_expectations)
 
 
