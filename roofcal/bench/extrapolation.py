@@ -54,7 +54,7 @@ def measure(gpu_name: str = "h100_sxm") -> list[dict]:
         center = {**center, "lo": jnp.asarray(d.lo, jnp.float32), "hi": jnp.asarray(d.hi, jnp.float32)}
         p = F.fit_kernel(d, settings, center, None)
         n = len(d.index)
-        pred = np.asarray(K.op_time_from_features(p, d.features().T, d.tc, d.tm))[:n]
+        pred = np.asarray(K.op_time_from_features(p, d.features().T, d.tc, d.tm, res=d.resident()))[:n]
         err = np.abs(np.log(pred / np.asarray(d.y)[:n]))
         inside = err[~test]
         base = float(np.quantile(inside, 0.9))

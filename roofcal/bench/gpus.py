@@ -11,10 +11,10 @@ kernel kind/variant beside the neutral roofline:
 * few shot: the bootstrap from each source refitted on 30, 100 and 300 of the left-out GPU's rows
   per kernel (:func:`roofcal.bench.transfer.learning_curve`, 20 % held out, seed 0).
 
-The A100 and H100 fits are the shipped coefficient files; the L40S has no shipped fit and its
-tables lie in ``../shared/data/microbench/l40s`` (Apache-2.0, not bundled), so it is fitted here
-on its vLLM 0.14.0 and NCCL tables as ``roofcal fit`` would (seed 0). Without those tables the
-benchmark covers the A100 and H100 alone.
+Every GPU is fitted here on its vLLM 0.14.0 and NCCL tables as ``roofcal fit`` would (seed 0,
+20 % held out): the A100's and H100's bundled tables, the L40S's in
+``../shared/data/microbench/l40s`` (Apache-2.0, not bundled). Without those the benchmark covers
+the A100 and H100 alone.
 
 ``python -m roofcal.bench.gpus [--out FILE] [--few-shot] [--write-expectations]``: the last
 rewrites ``coeffs/zero_shot.yaml`` (:mod:`roofcal.transfer.expectation`), the measured zero-shot
@@ -33,7 +33,7 @@ from roofcal import resources
 from roofcal.measurements import datasets
 from roofcal.metrics import mape
 from roofcal.model import correction as K
-from roofcal.model.coeffs import load as load_coeffs, roundtrip, with_kernels
+from roofcal.model.coeffs import roundtrip, with_kernels
 from roofcal.model.predict import predict_table
 from roofcal.physics.hardware import load_gpu
 from roofcal.physics.kernels import groups
@@ -43,8 +43,6 @@ from roofcal.transfer.bootstrap import DEFAULT_RULE, bootstrap
 KERNELS = "vllm-0.14.0"
 #: per-op tables beside the project (not bundled), by GPU
 SHARED_TABLES = {"l40s": resources.ROOT.parent / "shared" / "data" / "microbench" / "l40s"}
-#: shipped fits, by GPU
-SHIPPED = {"a100_sxm": resources.COEFFS / "a100_sxm.yaml", "h100_sxm": resources.COEFFS / "h100_sxm.yaml"}
 
 
 def table_paths(gpu: str) -> list[Path]:
@@ -64,10 +62,8 @@ def gpus_with_tables() -> list[str]:
 
 
 def fitted(gpu: str, table: pd.DataFrame, seed: int = 0):
-    """A GPU's fit on all its rows of ``KERNELS``: the shipped file, else a kernel fit here."""
+    """A GPU's kernel fit on its rows of ``KERNELS`` and NCCL (``roofcal fit``'s settings)."""
     spec = load_gpu(gpu)
-    if gpu in SHIPPED:
-        return with_kernels(load_coeffs(SHIPPED[gpu], spec), KERNELS)
     from roofcal.calibration.fit import FitSettings, fit
     res = fit(spec, table, [], FitSettings(seed=seed, progress=False))
     return with_kernels(res.coeffs, KERNELS)

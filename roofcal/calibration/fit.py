@@ -225,6 +225,11 @@ class KernelData:
     index: np.ndarray         # row positions in the table
     fac: S.Factored | None = None   # the features factored through the shapes (FACTORED_KINDS)
     rows_first: jnp.ndarray | None = None   # ``feats`` also as (N, terms), for their gradient
+    res: jnp.ndarray | None = None  # share of each row's working set a warm L2 holds (None: 0)
+
+    def resident(self):
+        """(N,) the warm L2's share of each row (:attr:`res`; zeros where not given)."""
+        return jnp.zeros_like(self.tm) if self.res is None else self.res
 
     def features(self) -> jnp.ndarray:
         """The (N, terms) feature matrix, whichever way it is held."""
@@ -256,6 +261,7 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
     ideal = ideal_times(gpu, table) if ideal is None else ideal
     for g, op, dt, idx in groups(table):
         tc, tm, z = ideal.rows(op, idx)
+        res = ideal.res[idx]
         z = np.asarray(z)
         train = ~test[idx]
         ztr = z[train] if train.any() else z
@@ -265,17 +271,17 @@ def kernel_data(table: pd.DataFrame, gpu: GPUSpec, test: np.ndarray, settings: F
         f = None
         if fac is None:         # row-wise, in blocks: every set shares a program
             f = in_blocks(lambda zb: K.features(zb, lo, hi, deg), len(z), np.asarray(z, np.float32), 0.0)
-        prepared.append((op, dt, idx, tc, tm, train, lo, hi, f, fac))
+        prepared.append((op, dt, idx, tc, tm, train, lo, hi, f, fac, res))
     rows, shapes = {}, {}
-    for op, _, idx, *_, fac in prepared:
+    for op, _, idx, *_, fac, _res in prepared:
         rows[op] = max(rows.get(op, 0), len(idx))
         shapes[op] = max(shapes.get(op, 0), 0 if fac is None else int(fac.shapes.shape[0]))
     out = {}
-    for op, dt, idx, tc, tm, train, lo, hi, f, fac in prepared:
+    for op, dt, idx, tc, tm, train, lo, hi, f, fac, res in prepared:
         f = None if f is None else np.asarray(f)              # on the host: no XLA program
         out[K.op_key(op, dt)] = grown(KernelData(
             op, None if f is None else f.T, tc, tm, table["latency_us"].values[idx], train, lo, hi, idx,
-            fac, None if f is None or rows[op] < ROWS_FIRST_FROM else f), rows[op], shapes[op])
+            fac, None if f is None or rows[op] < ROWS_FIRST_FROM else f, res), rows[op], shapes[op])
     return out
 
 
@@ -291,6 +297,7 @@ def grown(d: KernelData, rows: int, shapes: int) -> KernelData:
     return replace(d, feats=None if d.feats is None else grow(d.feats, 0.0, axis=1),
                    rows_first=None if d.rows_first is None else grow(d.rows_first, 0.0),
                    tc=grow(d.tc, 1.0), tm=grow(d.tm, 1.0), y=grow(d.y, 1.0), train=grow(d.train, 0.0),
+                   res=grow(d.resident(), 0.0),
                    fac=None if d.fac is None else S.padded(d.fac, rows, shapes))
 
 
@@ -337,8 +344,16 @@ def init_op_params(d: KernelData, degree: int) -> dict:
         p[name][0] = K.logit(min(max(frac, 0.02), 0.95))
     p["latency"] = math.log(0.5 * float(y[keep].min()))
     p["sharpness"] = K.softplus_inv(_sharpness(d.kind)[0] - 1.0)
+    if "l2_saving" in p:
+        p["l2_saving"] = np.float32(K.logit(L2_SAVING_START))
     p["lo"], p["hi"] = d.lo, d.hi
     return K.on_device(p)
+
+
+#: where a kernel's warm-L2 saving starts and its physical prior is centred (the share of
+#: device-memory time saved on bytes a warm L2 holds): the fitted values run from about 0 (A100)
+#: to 0.6 (H100 decode attention) and 0.8–0.9 (the L40S's), docs/model.md
+L2_SAVING_START = 0.3
 
 
 def _sharpness(kind: str) -> tuple[float, float | None]:
@@ -360,7 +375,8 @@ def prior_strengths(p: dict, settings: FitSettings, n: float, kind: str | None =
     return {"eff_c": surf(p["eff_c"]), "eff_m": surf(p["eff_m"]),
             "latency": np.float32(settings.prior_scalars / n),
             "sharpness": np.float32((q_rows if q_rows is not None else settings.prior_scalars) / n),
-            "lo": np.zeros(p["lo"].shape, np.float32), "hi": np.zeros(p["hi"].shape, np.float32)}
+            "lo": np.zeros(p["lo"].shape, np.float32), "hi": np.zeros(p["hi"].shape, np.float32),
+            **({"l2_saving": np.float32(settings.prior_scalars / n)} if "l2_saving" in p else {})}
 
 
 def default_prior(kind: str, degree: int, d: KernelData) -> dict:
@@ -371,6 +387,8 @@ def default_prior(kind: str, degree: int, d: KernelData) -> dict:
         p[name][0] = K.logit(0.6)
     p["latency"] = math.log(3.0)
     p["sharpness"] = K.softplus_inv(_sharpness(kind)[0] - 1.0)
+    if "l2_saving" in p:
+        p["l2_saving"] = np.float32(K.logit(L2_SAVING_START))
     p["lo"], p["hi"] = d.lo, d.hi
     return K.on_device(p)
 
@@ -378,13 +396,13 @@ def default_prior(kind: str, degree: int, d: KernelData) -> dict:
 def kernel_objective(p: dict, data: tuple):
     """Mean squared log-ratio of one kernel kind/variant plus its prior (see module docstring).
 
-    ``data``: ((features (terms, N), the same (N, terms)), tc, tm, measured µs, training weights,
-    prior centre, prior strengths, mask); ``mask`` (terms,) switches surface terms on (1) or off
+    ``data``: ((features (terms, N), the same (N, terms)), tc, tm, the warm L2's share of each
+    row, measured µs, training weights, prior centre, prior strengths, mask); ``mask`` (terms,) switches surface terms on (1) or off
     (0), for continuation in degree (the layouts: :func:`roofcal.model.correction.op_time_from_features`).
     """
-    (feats_t, feats), tc, tm, y, train, center, strength, mask = data
+    (feats_t, feats), tc, tm, res, y, train, center, strength, mask = data
     q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
-    pred = K.op_time_from_features(q, feats_t, tc, tm, feats)
+    pred = K.op_time_from_features(q, feats_t, tc, tm, feats, res)
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
@@ -392,10 +410,10 @@ def factored_objective(p: dict, data: tuple):
     """:func:`kernel_objective` with the features factored through the measured shapes
     (``data[0]`` a :class:`roofcal.calibration.shapes.Factored`): the same value up to float
     rounding."""
-    fac, tc, tm, y, train, center, strength, mask = data
+    fac, tc, tm, res, y, train, center, strength, mask = data
     q = {**p, "eff_c": p["eff_c"] * mask, "eff_m": p["eff_m"] * mask}
     z = S.logits(fac, jnp.stack([q["eff_c"], q["eff_m"]], axis=1))
-    pred = K.corrected_time(q, jax.nn.sigmoid(z[:, 0]), jax.nn.sigmoid(z[:, 1]), tc, tm)
+    pred = K.corrected_time(q, jax.nn.sigmoid(z[:, 0]), jax.nn.sigmoid(z[:, 1]), tc, tm, res)
     return log_ratio_sq(pred, y, train) + prior_penalty(q, center, strength)
 
 
@@ -508,7 +526,7 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
         objective = functools.partial(anchored_objective, objective)
     for deg in range(start, int(order.max()) + 1):
         mask = jax.device_put((order <= deg).astype(np.float32))
-        data = (feats, d.tc, d.tm, d.y, d.train, center, strength, mask)
+        data = (feats, d.tc, d.tm, d.resident(), d.y, d.train, center, strength, mask)
         data = data if anchor is None else (data, anchor)
         # blocks of KERNEL_BLOCK iterations; a stage stops once a block gains < KERNEL_TOL
         q, value = lbfgs(objective, p, data, settings.kernel_iters,
@@ -580,7 +598,7 @@ def rows_error(d: KernelData, p: dict, weight: np.ndarray) -> float:
     free = {k: v for k, v in p.items() if k not in ("lo", "hi")}
     zero = jax.tree_util.tree_map(jnp.zeros_like, free)
     on = jnp.ones(free["eff_c"].shape, jnp.float32)
-    return float(objective(free, (feats, d.tc, d.tm, d.y, jnp.asarray(weight), free, zero, on)))
+    return float(objective(free, (feats, d.tc, d.tm, d.resident(), d.y, jnp.asarray(weight), free, zero, on)))
 
 
 def fit_one(d: KernelData, settings: FitSettings, prior: dict | None = None,

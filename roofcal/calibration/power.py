@@ -104,7 +104,7 @@ def phase_models(meas, params: dict, gpu) -> list[PhaseModel]:
     k = len(SCALE_GRID)
     stacked = pd.concat([df] * k, ignore_index=True)
     scaled = IdealTimes(np.concatenate([ideal.tc * float(s) for s in SCALE_GRID]),
-                        np.tile(ideal.tm, k), np.tile(ideal.z, (k, 1)))
+                        np.tile(ideal.tm, k), np.tile(ideal.z, (k, 1)), np.tile(ideal.res, k))
     grid = predict_table(stacked, params, gpu, ideal=scaled)["predicted_us"].to_numpy() \
         .reshape(k, len(df))                                                # (scales, rows)
     # the burst step: the table's row where measured, else the model × the shape's table/model

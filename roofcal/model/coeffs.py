@@ -249,8 +249,18 @@ def op_to_dict(key: str, p: dict) -> dict:
                   for j, d in enumerate(k.descriptors)},
         "compute_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
         "memory_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
+        **({"l2_saving": round_sig(saving)} if (saving := _l2_saving(p)) > L2_SAVING_WRITTEN else {}),
         **({"measured_shapes": curves.to_dict(kind, p["curves"])} if p.get("curves") else {}),
     }
+
+
+#: a warm-L2 saving at or below this is not written (no saving: the file as before the field)
+L2_SAVING_WRITTEN = 1e-6
+
+
+def _l2_saving(p: dict) -> float:
+    """The physical warm-L2 saving in [0, 1) of an op's raw parameters (0 without one)."""
+    return float(K.l2_saving(p)) if "l2_saving" in p else 0.0
 
 
 def step_to_dict(step: dict) -> dict:
@@ -310,7 +320,7 @@ def _finite(v, where: str, minimum: float | None = None) -> float:
 #: the fields of a kernel entry (``ops.<kind>/<variant>``)
 OP_FIELDS = ("latency_us", "sharpness", "range", "compute_efficiency", "memory_efficiency")
 #: fields an op may have: the curves of its measured shapes (:mod:`roofcal.model.curves`)
-OPTIONAL_OP_FIELDS = ("measured_shapes",)
+OPTIONAL_OP_FIELDS = ("measured_shapes", "l2_saving")
 #: the top-level fields of a coefficient file per schema
 TOP_FIELDS = {
     "roofcal-coeffs/1": ("schema", "roofcal_version", "gpu", "calibrated", "notes", "data", "fit", "metrics",
@@ -455,6 +465,15 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
         "eff_c": f32(ws[0]), "eff_m": f32(ws[1]), "latency": f32(math.log(max(lat, 1e-9))),
         "sharpness": f32(K.softplus_inv(max(q - 1.0, 1e-9))), "lo": f32(lo), "hi": f32(hi),
     }
+    if kind in K.CACHED_KINDS:
+        g = _finite(d.get("l2_saving", 0.0), f"{where}.l2_saving'", 0.0)
+        if g >= 1.0:
+            raise RoofcalError(f"{where}.l2_saving' must be < 1 (the share of memory time a warm "
+                               f"L2 saves), got {g!r}")
+        out["l2_saving"] = f32(K.logit(g) if g > L2_SAVING_WRITTEN else K.NEUTRAL_L2_SAVING)
+    elif "l2_saving" in d:
+        raise RoofcalError(f"{where}.l2_saving' is for kinds that read device memory "
+                           f"({', '.join(K.CACHED_KINDS)})")
     if "measured_shapes" in d:
         out["curves"] = curves.from_dict(kind, d["measured_shapes"], f"{where}.measured_shapes")
     return out

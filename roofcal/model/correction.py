@@ -197,8 +197,16 @@ def features(z, lo, hi, degree: int) -> jnp.ndarray:
 # --------------------------------------------------------------------------------------------
 # one kernel
 
+#: kinds whose memory traffic a warm L2 serves in a per-op table (:mod:`roofcal.physics.cache`):
+#: every kind that reads device memory (the all-reduce's bytes cross the link)
+CACHED_KINDS = ("gemm", "attn_prefill", "attn_decode", "moe", "elementwise")
+#: raw ``l2_saving`` of the neutral correction: sigmoid(−30) ≈ 1e-13, no saving
+NEUTRAL_L2_SAVING = -30.0
+
+
 def neutral_op_params(kind: str, degree: int | None = None) -> dict:
-    """Raw parameters of the neutral correction: efficiency ≈ 1, no latency, near-hard max."""
+    """Raw parameters of the neutral correction: efficiency ≈ 1, no latency, near-hard max, no
+    warm-L2 saving."""
     k = OP_KINDS[kind]
     deg = k.degree if degree is None else degree
     n = len(exponents(len(k.descriptors), deg))
@@ -208,6 +216,7 @@ def neutral_op_params(kind: str, degree: int | None = None) -> dict:
         "eff_c": w, "eff_m": w.copy(), "latency": math.log(1e-9),
         "sharpness": softplus_inv(NEUTRAL_SHARPNESS - 1.0),
         "lo": np.full(len(k.descriptors), -4.0), "hi": np.full(len(k.descriptors), 4.0),
+        **({"l2_saving": np.float32(NEUTRAL_L2_SAVING)} if kind in CACHED_KINDS else {}),
     })
 
 
@@ -301,7 +310,7 @@ def _product_bwd(x, g):
 product.defvjp(_product_fwd, _product_bwd)
 
 
-def op_time_from_features(p: dict, f_t, tc, tm, f=None):
+def op_time_from_features(p: dict, f_t, tc, tm, f=None, res=None):
     """Corrected time (µs) of N rows from their precomputed features, held transposed: ``f_t``
     (terms, N) — the fit's hot path, where XLA's CPU backend takes the two surfaces' products
     faster from that layout (GEMM, 10,000 rows × 70 terms: a loss and its gradient 0.41 → 0.32
@@ -309,15 +318,33 @@ def op_time_from_features(p: dict, f_t, tc, tm, f=None):
     (:func:`product`; None: the gradient from ``f_t``)."""
     w = jnp.stack([p["eff_c"], p["eff_m"]])
     z = w @ f_t if f is None else product(w, f_t, f)
-    return corrected_time(p, jax.nn.sigmoid(z[0]), jax.nn.sigmoid(z[1]), tc, tm)
+    return corrected_time(p, jax.nn.sigmoid(z[0]), jax.nn.sigmoid(z[1]), tc, tm, res)
 
 
-def corrected_time(p: dict, ec, em, tc, tm):
+def l2_saving(p: dict):
+    """The share of device-memory time a kernel saves on bytes a warm L2 holds (0 when its
+    parameters have none): sigmoid of the raw ``l2_saving``; the L2 reads 1 / (1 − it) times as
+    fast as device memory."""
+    return jax.nn.sigmoid(p["l2_saving"]) if "l2_saving" in p else 0.0
+
+
+def warm_memory_time(p: dict, tm, res):
+    """Ideal memory time (µs) of calls whose share ``res`` of the working set a warm L2 holds
+    (:func:`roofcal.physics.cache.resident_fraction`): tm · (1 − res · saving); ``res`` None: a
+    cold cache, ``tm`` as it is (whole steps)."""
+    if res is None or "l2_saving" not in p:
+        return tm
+    return tm * (1.0 - res * l2_saving(p))
+
+
+def corrected_time(p: dict, ec, em, tc, tm, res=None):
     """Corrected time (µs) of calls with ideal times ``tc``, ``tm`` (µs) at efficiencies ``ec``,
-    ``em``: latency + smax(tc/ec, tm/em); exactly 0 (with finite gradients) for calls with no
-    work."""
+    ``em``: latency + smax(tc/ec, tm'/em), tm' the memory time with the warm L2's share ``res``
+    (:func:`warm_memory_time`; None: cold, as in a served step); exactly 0 (with finite
+    gradients) for calls with no work."""
     active = tc + tm > 0
     tc, tm = jnp.where(active, tc, 1.0), jnp.where(active, tm, 1.0)
+    tm = warm_memory_time(p, tm, res)
     q = 1.0 + softplus(p["sharpness"])
     t = jnp.exp(p["latency"]) + smax(tc / ec, tm / em, q)
     return jnp.where(active, t, 0.0)
@@ -330,11 +357,12 @@ def op_time(p: dict, kind: str, shape, tc, tm):
 
 
 @stored(options=LIGHT)
-def op_time_z(p: dict, z, tc, tm):
-    """:func:`op_time` from standardized shapes ``z`` (compiled :data:`~roofcal.programs.LIGHT`:
-    a program per kind and block size, run a few dozen times a fit)."""
+def op_time_z(p: dict, z, tc, tm, res):
+    """:func:`op_time` from standardized shapes ``z`` of calls timed on a warm L2 holding their
+    share ``res`` of the working set (compiled :data:`~roofcal.programs.LIGHT`: a program per
+    kind and block size, run a few dozen times a fit)."""
     ec, em = efficiencies_z(p, z)
-    return corrected_time(p, ec, em, tc, tm)
+    return corrected_time(p, ec, em, tc, tm, res)
 
 
 # --------------------------------------------------------------------------------------------

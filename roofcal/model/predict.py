@@ -212,15 +212,18 @@ class IdealTimes:
     metrics: the MoE rows' routing sums alone took ≈ 0.3 s a pass).
 
     ``tc``, ``tm`` (N,) float32 ideal compute and memory µs; ``z`` (N, D) float32 standardized
-    shapes, D the most descriptors of any kernel kind (a kind's own in its first columns)."""
+    shapes, D the most descriptors of any kernel kind (a kind's own in its first columns);
+    ``res`` (N,) float32 the share of each row's working set a warm L2 holds as the table timed
+    it (:func:`roofcal.physics.cache.resident_fraction`)."""
 
     tc: np.ndarray
     tm: np.ndarray
     z: np.ndarray
+    res: np.ndarray
 
     def take(self, idx) -> "IdealTimes":
         """The rows ``idx`` (positions), in that order."""
-        return IdealTimes(self.tc[idx], self.tm[idx], self.z[idx])
+        return IdealTimes(self.tc[idx], self.tm[idx], self.z[idx], self.res[idx])
 
     def rows(self, op: str, idx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tc, tm, z) of rows ``idx`` of kernel kind ``op``, as :func:`row_times` gives them."""
@@ -232,6 +235,7 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
     :func:`row_times` call per (op, dtype) group."""
     width = max(len(k.descriptors) for k in K.OP_KINDS.values())
     tc, tm = np.zeros(len(df), np.float32), np.zeros(len(df), np.float32)
+    res = np.zeros(len(df), np.float32)
     z = np.zeros((len(df), width), np.float32)
     parts = list(groups(df))
     for g, op, dt, idx in parts:
@@ -244,7 +248,19 @@ def ideal_times(gpu: GPUSpec, df: pd.DataFrame) -> IdealTimes:
         for (g, op, dt, idx), (tci, tmi, zi) in zip(parts, times):
             tc[idx], tm[idx] = tci, tmi
             z[idx, :zi.shape[1]] = zi
-    return IdealTimes(tc, tm, z)
+            if op in K.CACHED_KINDS:
+                res[idx] = warm_share(gpu, op, dt, tmi)
+    return IdealTimes(tc, tm, z, res)
+
+
+def warm_share(gpu: GPUSpec, op: str, dtype: str, tm) -> np.ndarray:
+    """(N,) float32 share of each call's working set (its ideal memory bytes: ``tm`` µs at the
+    kernel's bandwidth) that ``gpu``'s L2 holds when the call repeats on the same buffers, as a
+    per-op table times it (:mod:`roofcal.physics.cache`; 0 where the datasheet gives no L2)."""
+    from roofcal.physics.cache import MIB, resident_fraction
+    _, bw = op_peak_and_bandwidth(gpu, op, dtype)
+    w = np.asarray(tm, np.float64) * bw
+    return np.asarray(resident_fraction(w, gpu.l2_cache_mib * MIB), np.float32)
 
 
 #: rows of one call of a row-wise program over a kernel group: a group of up to the first is
@@ -276,9 +292,9 @@ def in_blocks(fn, n: int, tree, fill: float = 1.0):
     return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n], *parts)
 
 
-def _op_times(p: dict, z, tc, tm) -> np.ndarray:
+def _op_times(p: dict, z, tc, tm, res) -> np.ndarray:
     """:func:`~roofcal.model.correction.op_time_z` of ``len(tc)`` rows (:func:`in_blocks`)."""
-    return in_blocks(lambda a: K.op_time_z(p, *a), len(tc), (z, tc, tm))
+    return in_blocks(lambda a: K.op_time_z(p, *a), len(tc), (z, tc, tm, res))
 
 
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
@@ -308,7 +324,8 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
         _, p = K.lookup(params["ops"], op, dt)
         known = None if surfaces is None or compute_scale != 1.0 else surfaces[idx]
         t = known if known is not None and not np.isnan(known).any() else \
-            _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm)
+            _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm,
+                      ideal.res[idx])
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
         if surface and op in measured_curves.AXES:
             col["surface_us"][idx] = np.asarray(t, np.float64)

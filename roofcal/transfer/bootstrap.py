@@ -239,6 +239,9 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
         f"({new_gpu.interconnect_bandwidth_gbs:g} GB/s vs {ref_gpu.interconnect_bandwidth_gbs:g}), "
         f"i.e. every ideal compute and memory time",
         f"efficiency surfaces: {describe_rule(rule, ref_gpu, new_gpu)}",
+        f"warm-L2 savings (per-op tables only): the L2-to-memory speed ratio times "
+        f"{l2_speed_ratio(ref_gpu, new_gpu):.3g} (SMs x boost clock over memory bandwidth, "
+        f"roofcal.transfer.bootstrap.l2_speed_ratio)",
         "carried unchanged: per-call latencies (launch and prologue, µs), soft-max sharpness, "
         "the measured shapes' curves (relative to the surfaces they move with), "
         "step overheads (host side, µs), kernel-group scales and the prefill-decode mix",
@@ -246,6 +249,33 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
         "does (the kind's default variant, else neutral); variants whose dtype the new GPU lacks "
         "(e.g. fp8 without FP8 tensor cores) are kept and run at the BF16 peak",
     ]
+
+
+def l2_speed_ratio(ref_gpu: GPUSpec, new_gpu: GPUSpec) -> float:
+    """How many times faster, relative to its device memory, the new GPU's L2 is than the
+    reference's: ρ_new / ρ_ref with ρ = L2 bandwidth / device-memory bandwidth, the L2's bandwidth
+    taken to follow SMs × SM clock (each SM's L2 requests per clock alike across these
+    generations; the boost clock where both datasheets give it, else SMs alone):
+    (SM_n · f_n) / (SM_r · f_r) · (bw_r / bw_n). Hand check, H100 SXM → L40S:
+    (142 · 2,520) / (132 · 1,980) · 3.35 / 0.864 = 1.369 · 3.877 = 5.31."""
+    clocks = new_gpu.boost_clock_mhz / ref_gpu.boost_clock_mhz \
+        if new_gpu.boost_clock_mhz and ref_gpu.boost_clock_mhz else 1.0
+    return (new_gpu.sm_count / ref_gpu.sm_count) * clocks \
+        * (ref_gpu.hbm_bandwidth_tbs / new_gpu.hbm_bandwidth_tbs)
+
+
+def carry_l2(p: dict, ratio: float) -> dict:
+    """An op's warm-L2 saving g carried to a GPU whose L2 is ``ratio`` times as fast relative to
+    its device memory (:func:`l2_speed_ratio`): ρ = 1 / (1 − g) times ``ratio``, at least 1 (an
+    L2 no slower than device memory), and g' = 1 − 1 / ρ'. An op without a saving stays so."""
+    if "l2_saving" not in p:
+        return p
+    g = float(K.l2_saving(p))
+    if g <= 1e-6:
+        return p
+    rho = max(1.0, ratio / (1.0 - g))
+    new = 1.0 - 1.0 / rho
+    return {**p, "l2_saving": jnp.asarray(K.logit(new) if new > 1e-6 else K.NEUTRAL_L2_SAVING, jnp.float32)}
 
 
 def check_reference(ref: Coefficients, ref_gpu: GPUSpec) -> None:
@@ -271,7 +301,8 @@ def bootstrap(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
             kind, variant = key.split("/")
             dc, dm = shifts(rule, kind, op_rates(ref_gpu, kind, variant),
                             op_rates(new_gpu, kind, variant))
-            ops[key] = shift_op(ks.ops[key], kind, np.asarray(dc), np.asarray(dm))
+            ops[key] = carry_l2(shift_op(ks.ops[key], kind, np.asarray(dc), np.asarray(dm)),
+                                l2_speed_ratio(ref_gpu, new_gpu))
         sets[name] = KernelSet(ops, intervals=zero_shot_intervals(ks, transfer_bands),
                                borrowed=dict(ks.borrowed))
     params = {"step": dict(ref.params["step"])}

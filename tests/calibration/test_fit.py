@@ -44,7 +44,7 @@ def test_objective_and_gradient_finite_on_every_bundled_table(gpu):
         p, c = init_op_params(d, deg), default_prior(d.kind, deg, d)
         mask = jnp.ones(p["eff_c"].shape)
         objective, feats = d.objective()
-        args = (feats, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, FAST, 100.0), mask)
+        args = (feats, d.tc, d.tm, d.resident(), d.y, d.train, c, prior_strengths(c, FAST, 100.0), mask)
         value, grad = jax.jit(jax.value_and_grad(objective))(p, args)
         assert np.isfinite(float(value)), key
         assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grad)), key
@@ -60,6 +60,7 @@ def planted_table(n=600, seed=1):
     truth["eff_m"] = jnp.asarray([K.logit(0.8), 0.1, 0.5, 0.4, 0.0], jnp.float32)
     truth["latency"] = jnp.asarray(math.log(2.5), jnp.float32)
     truth["sharpness"] = jnp.asarray(K.softplus_inv(3.0 - 1.0), jnp.float32)     # q = 3
+    truth["l2_saving"] = jnp.asarray(K.logit(0.4), jnp.float32)   # a warm L2 saves 40 % of the memory time
     truth["lo"], truth["hi"] = jnp.full(4, -5.0), jnp.full(4, 5.0)
     shapes["latency_us"] = predict_table(shapes, {"ops": {"gemm/bf16": truth},
                                                   "step": K.neutral_step_params()}, H100)["predicted_us"]
@@ -75,6 +76,7 @@ def test_fit_recovers_planted_parameters():
     p = res.coeffs.params["ops"]["gemm/bf16"]
     assert float(jnp.exp(p["latency"])) == pytest.approx(2.5, rel=1e-3)
     assert 1 + float(K.softplus(p["sharpness"])) == pytest.approx(3.0, rel=1e-3)
+    assert float(K.l2_saving(p)) == pytest.approx(0.4, abs=2e-3)
     np.testing.assert_allclose(np.asarray(p["eff_c"]), np.asarray(truth["eff_c"]), atol=2e-3)
     np.testing.assert_allclose(np.asarray(p["eff_m"]), np.asarray(truth["eff_m"]), atol=2e-3)
     assert res.coeffs.all_metrics["heldout"]["gemm/bf16"]["mape"] < 0.05
@@ -242,7 +244,7 @@ def test_shared_sizes_pad_a_kind_to_one_size_without_changing_its_objective():
     assert float(np.asarray(big.train).sum()) == float(np.asarray(small.train).sum()) == 300.0
     p, c = init_op_params(small, 4), default_prior("gemm", 4, small)
     mask = jnp.ones(p["eff_c"].shape)
-    value = lambda d: float(d.objective()[0](p, (d.objective()[1], d.tc, d.tm, d.y, d.train, c,
+    value = lambda d: float(d.objective()[0](p, (d.objective()[1], d.tc, d.tm, d.resident(), d.y, d.train, c,
                                                    prior_strengths(c, FAST, 300.0), mask)))
     assert value(big) == pytest.approx(value(small), rel=1e-5)
 
@@ -268,8 +270,9 @@ def test_a_surface_fitted_on_fewer_rows_than_terms_keeps_its_higher_degrees_near
     495 terms up to degrees 0–4): on 30 rows the prior strengths of the degree-2, 3 and 4 terms
     grow (45/30)², (165/30)², (495/30)² times, degrees 0 and 1 keep theirs, and on 495 rows or
     more every term does. Fitted from scratch on 30 A100 MoE rows, the surface predicts the
-    table's other 6,330 rows within 90 % (73 % measured), where without the factor it
-    strayed to 231 %."""
+    table's other 6,330 rows within 90 % (70 % measured), where without the factor it
+    strayed to 106 % (231 % before the warm-L2 saving, which takes part of the small
+    kernels' speed off the surface)."""
     from roofcal.calibration import fit as F
     order = K.exponents(8, 4).sum(1)
     assert len(order) == 495
@@ -292,7 +295,7 @@ def test_a_surface_fitted_on_fewer_rows_than_terms_keeps_its_higher_degrees_near
     held = mape()
     monkeypatch.setattr(F, "HOLD_POWER", 0.0)
     free = mape()
-    assert held < 90 and held < free / 2, (held, free)
+    assert held < 90 and held < 0.75 * free, (held, free)
 
 
 def test_box_gram_is_the_mean_of_monomial_products_over_the_box():

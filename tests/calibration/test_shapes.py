@@ -56,7 +56,7 @@ def test_moe_table_factored_is_its_feature_matrix_and_objective():
     assert np.allclose(np.asarray(S.dense(d.fac))[:n], ref, rtol=1e-5, atol=1e-5)
     # the objective and its gradient: those of the dense one, to float rounding
     p, c = init_op_params(d, 4), default_prior("moe", 4, d)
-    args = (d.fac, d.tc, d.tm, d.y, d.train, c, prior_strengths(c, settings, 100.0, "moe"),
+    args = (d.fac, d.tc, d.tm, d.resident(), d.y, d.train, c, prior_strengths(c, settings, 100.0, "moe"),
             jnp.ones(p["eff_c"].shape))
     v1, g1 = jax.value_and_grad(factored_objective)(p, args)
     v2, g2 = jax.value_and_grad(kernel_objective)(p, ((d.features().T, d.features()),) + args[1:])

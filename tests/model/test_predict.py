@@ -252,12 +252,13 @@ def test_kernel_groups_run_in_blocks_of_one_program_and_keep_their_values(monkey
                         "m": rng.integers(1, 8192, 9_000), "n": 4096, "k": 4096})
     a, b = big.iloc[-300:].reset_index(drop=True), big.iloc[:900]
     rows_seen, jitted = [], K.op_time_z
-    monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm: rows_seen.append(len(tc)) or jitted(p, z, tc, tm))
+    monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm, res: rows_seen.append(len(tc)) or jitted(p, z, tc, tm, res))
     pa, pb, pbig = (predict_table(t, params, gpu, surface=True)["surface_us"].to_numpy() for t in (a, b, big))
     assert rows_seen == [4_096] * 5                                  # 1 + 1 + 3 blocks, one program
     monkeypatch.undo()
-    z_tc_tm = ideal_times(gpu, b).rows("gemm", np.arange(len(b)))
-    alone = np.asarray(K.op_time_z(curves.surface_only(ops["gemm/bf16"]), *z_tc_tm[2:], *z_tc_tm[:2]))
+    it = ideal_times(gpu, b)
+    z_tc_tm = it.rows("gemm", np.arange(len(b)))
+    alone = np.asarray(K.op_time_z(curves.surface_only(ops["gemm/bf16"]), *z_tc_tm[2:], *z_tc_tm[:2], it.res))
     assert pb.shape == (900,)
     np.testing.assert_allclose(pb, alone, rtol=1e-6)
     assert np.array_equal(pbig[:900], pb) and np.array_equal(pbig[-300:], pa) and np.all(pa > 0)
@@ -280,7 +281,7 @@ def test_surfaces_already_computed_are_taken_and_a_group_missing_one_is_computed
                        "latency_us": [20.0, 60.0, 500.0, 15.0, 400.0]})
     fresh = predict_table(df, params, gpu, surface=True)
     runs, jitted = [], K.op_time_z
-    monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm: runs.append(1) or jitted(p, z, tc, tm))
+    monkeypatch.setattr(K, "op_time_z", lambda p, z, tc, tm, res: runs.append(1) or jitted(p, z, tc, tm, res))
     known = fresh["surface_us"].to_numpy().copy()
     pd.testing.assert_frame_equal(predict_table(df, params, gpu, surface=True, surfaces=known), fresh)
     assert runs == []
