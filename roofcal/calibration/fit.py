@@ -345,7 +345,7 @@ def init_op_params(d: KernelData, degree: int) -> dict:
     p["latency"] = math.log(0.5 * float(y[keep].min()))
     p["sharpness"] = K.softplus_inv(_sharpness(d.kind)[0] - 1.0)
     if "l2_saving" in p:
-        p["l2_saving"] = np.float32(K.logit(L2_SAVING_START))
+        p["l2_saving"] = np.float32(K.l2_saving_raw(L2_SAVING_START))
     p["lo"], p["hi"] = d.lo, d.hi
     return K.on_device(p)
 
@@ -388,7 +388,7 @@ def default_prior(kind: str, degree: int, d: KernelData) -> dict:
     p["latency"] = math.log(3.0)
     p["sharpness"] = K.softplus_inv(_sharpness(kind)[0] - 1.0)
     if "l2_saving" in p:
-        p["l2_saving"] = np.float32(K.logit(L2_SAVING_START))
+        p["l2_saving"] = np.float32(K.l2_saving_raw(L2_SAVING_START))
     p["lo"], p["hi"] = d.lo, d.hi
     return K.on_device(p)
 

@@ -467,10 +467,10 @@ def op_from_dict(key: str, d: dict, src: str) -> dict:
     }
     if kind in K.CACHED_KINDS:
         g = _finite(d.get("l2_saving", 0.0), f"{where}.l2_saving'", 0.0)
-        if g >= 1.0:
-            raise RoofcalError(f"{where}.l2_saving' must be < 1 (the share of memory time a warm "
-                               f"L2 saves), got {g!r}")
-        out["l2_saving"] = f32(K.logit(g) if g > L2_SAVING_WRITTEN else K.NEUTRAL_L2_SAVING)
+        if g >= K.L2_SAVING_MAX:
+            raise RoofcalError(f"{where}.l2_saving' must be < {K.L2_SAVING_MAX:g} (the share of "
+                               f"memory time a warm L2 saves), got {g!r}")
+        out["l2_saving"] = f32(K.l2_saving_raw(g) if g > L2_SAVING_WRITTEN else K.NEUTRAL_L2_SAVING)
     elif "l2_saving" in d:
         raise RoofcalError(f"{where}.l2_saving' is for kinds that read device memory "
                            f"({', '.join(K.CACHED_KINDS)})")

@@ -321,11 +321,22 @@ def op_time_from_features(p: dict, f_t, tc, tm, f=None, res=None):
     return corrected_time(p, jax.nn.sigmoid(z[0]), jax.nn.sigmoid(z[1]), tc, tm, res)
 
 
+#: the largest warm-L2 saving: an L2 at most 10× as fast as device memory (the L40S's kernels fit
+#: 4–6×, the H100's up to 2×; left free, the L40S's block-FP8 MoE ran to 50×, a stand-in for
+#: whatever else makes its small calls fast, not an L2)
+L2_SAVING_MAX = 0.9
+
+
 def l2_saving(p: dict):
     """The share of device-memory time a kernel saves on bytes a warm L2 holds (0 when its
-    parameters have none): sigmoid of the raw ``l2_saving``; the L2 reads 1 / (1 − it) times as
-    fast as device memory."""
-    return jax.nn.sigmoid(p["l2_saving"]) if "l2_saving" in p else 0.0
+    parameters have none): :data:`L2_SAVING_MAX` · sigmoid of the raw ``l2_saving``; the L2
+    reads 1 / (1 − it) times as fast as device memory."""
+    return L2_SAVING_MAX * jax.nn.sigmoid(p["l2_saving"]) if "l2_saving" in p else 0.0
+
+
+def l2_saving_raw(g: float) -> float:
+    """The raw parameter of a saving ``g`` in [0, :data:`L2_SAVING_MAX`) (the neutral one for 0)."""
+    return logit(g / L2_SAVING_MAX) if g > 1e-6 else NEUTRAL_L2_SAVING
 
 
 def warm_memory_time(p: dict, tm, res):

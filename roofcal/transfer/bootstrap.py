@@ -267,15 +267,16 @@ def l2_speed_ratio(ref_gpu: GPUSpec, new_gpu: GPUSpec) -> float:
 def carry_l2(p: dict, ratio: float) -> dict:
     """An op's warm-L2 saving g carried to a GPU whose L2 is ``ratio`` times as fast relative to
     its device memory (:func:`l2_speed_ratio`): ρ = 1 / (1 − g) times ``ratio``, at least 1 (an
-    L2 no slower than device memory), and g' = 1 − 1 / ρ'. An op without a saving stays so."""
+    L2 no slower than device memory), and g' = 1 − 1 / ρ', at most
+    :data:`~roofcal.model.correction.L2_SAVING_MAX`. An op without a saving stays so."""
     if "l2_saving" not in p:
         return p
     g = float(K.l2_saving(p))
     if g <= 1e-6:
         return p
     rho = max(1.0, ratio / (1.0 - g))
-    new = 1.0 - 1.0 / rho
-    return {**p, "l2_saving": jnp.asarray(K.logit(new) if new > 1e-6 else K.NEUTRAL_L2_SAVING, jnp.float32)}
+    new = min(1.0 - 1.0 / rho, 0.999 * K.L2_SAVING_MAX)
+    return {**p, "l2_saving": jnp.asarray(K.l2_saving_raw(new), jnp.float32)}
 
 
 def check_reference(ref: Coefficients, ref_gpu: GPUSpec) -> None:

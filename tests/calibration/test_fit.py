@@ -60,7 +60,7 @@ def planted_table(n=600, seed=1):
     truth["eff_m"] = jnp.asarray([K.logit(0.8), 0.1, 0.5, 0.4, 0.0], jnp.float32)
     truth["latency"] = jnp.asarray(math.log(2.5), jnp.float32)
     truth["sharpness"] = jnp.asarray(K.softplus_inv(3.0 - 1.0), jnp.float32)     # q = 3
-    truth["l2_saving"] = jnp.asarray(K.logit(0.4), jnp.float32)   # a warm L2 saves 40 % of the memory time
+    truth["l2_saving"] = jnp.asarray(K.l2_saving_raw(0.4), jnp.float32)   # a warm L2 saves 40 % of the memory time
     truth["lo"], truth["hi"] = jnp.full(4, -5.0), jnp.full(4, 5.0)
     shapes["latency_us"] = predict_table(shapes, {"ops": {"gemm/bf16": truth},
                                                   "step": K.neutral_step_params()}, H100)["predicted_us"]

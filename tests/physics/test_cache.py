@@ -22,7 +22,7 @@ def test_a_warm_l2_shortens_memory_time_only_where_the_table_was_warm():
     (res None, a served step) or a kernel without a saving → 10 µs."""
     import jax.numpy as jnp
     from roofcal.model import correction as K
-    p = {"l2_saving": jnp.float32(K.logit(0.75))}
+    p = {"l2_saving": jnp.float32(K.l2_saving_raw(0.75))}
     assert float(K.warm_memory_time(p, 10.0, 1.0)) == pytest.approx(2.5, rel=1e-5)
     assert float(K.warm_memory_time(p, 10.0, 0.5)) == pytest.approx(6.25, rel=1e-5)
     assert K.warm_memory_time(p, 10.0, None) == 10.0
@@ -38,7 +38,7 @@ def test_the_saving_is_written_read_and_checked(tmp_path):
     from roofcal.model import coeffs as C
     from roofcal.model import correction as K
     op = C.load("coeffs/a100_sxm.yaml").params["ops"]["attn_decode/bf16"]
-    p = {**op, "l2_saving": jnp.float32(K.logit(0.75))}
+    p = {**op, "l2_saving": jnp.float32(K.l2_saving_raw(0.75))}
     d = C.op_to_dict("attn_decode/bf16", p)
     assert d["l2_saving"] == pytest.approx(0.75)
     back = C.op_from_dict("attn_decode/bf16", d, "f.yaml")
@@ -46,8 +46,8 @@ def test_the_saving_is_written_read_and_checked(tmp_path):
     assert "l2_saving" not in C.op_to_dict("attn_decode/bf16", op)                # no saving
     older = {k: v for k, v in d.items() if k != "l2_saving"}              # a file before the field
     assert float(K.l2_saving(C.op_from_dict("attn_decode/bf16", older, "f.yaml"))) < 1e-12
-    with pytest.raises(RoofcalError, match=r"f.yaml: field 'ops.attn_decode/bf16.l2_saving' must be < 1"):
-        C.op_from_dict("attn_decode/bf16", {**d, "l2_saving": 1.0}, "f.yaml")
+    with pytest.raises(RoofcalError, match=r"f.yaml: field 'ops.attn_decode/bf16.l2_saving' must be < 0.9"):
+        C.op_from_dict("attn_decode/bf16", {**d, "l2_saving": 0.95}, "f.yaml")
     ar = C.op_to_dict("allreduce/nccl", C.load("coeffs/a100_sxm.yaml").params["ops"]["allreduce/nccl"])
     with pytest.raises(RoofcalError, match="l2_saving' is for kinds that read device memory"):
         C.op_from_dict("allreduce/nccl", {**ar, "l2_saving": 0.5}, "f.yaml")
@@ -55,7 +55,8 @@ def test_the_saving_is_written_read_and_checked(tmp_path):
 
 def test_the_bootstrap_carries_the_saving_by_the_l2s_speed():
     """ρ = 1 / (1 − g) times (SM_n · f_n) / (SM_r · f_r) · bw_r / bw_n; H100 SXM → L40S:
-    1.369 · 3.877 = 5.31, so g = 0.5 (ρ = 2) becomes 1 − 1 / 10.62 = 0.906; never below ρ = 1."""
+    1.369 · 3.877 = 5.31, so g = 0.3 (ρ = 1.43) becomes 1 − 1 / 7.59 = 0.868; never below
+    ρ = 1, nor above the largest saving (0.9)."""
     import jax.numpy as jnp
     from roofcal.model import correction as K
     from roofcal.physics.hardware import load_gpu
@@ -64,9 +65,11 @@ def test_the_bootstrap_carries_the_saving_by_the_l2s_speed():
     r = l2_speed_ratio(h100, l40s)
     assert r == pytest.approx((142 * 2520) / (132 * 1980) * 3.35 / 0.864, rel=1e-9)
     assert r == pytest.approx(5.31, abs=0.005)
-    p = {"l2_saving": jnp.float32(K.logit(0.5))}
-    assert float(K.l2_saving(carry_l2(p, r))) == pytest.approx(1 - 1 / (2 * r), abs=1e-5)
+    p = {"l2_saving": jnp.float32(K.l2_saving_raw(0.3))}
+    assert float(K.l2_saving(carry_l2(p, r))) == pytest.approx(1 - 0.7 / r, abs=1e-5)
     assert float(K.l2_saving(carry_l2(p, 0.25))) < 1e-9                      # ρ clamped at 1
+    assert float(K.l2_saving(carry_l2({"l2_saving": jnp.float32(K.l2_saving_raw(0.8))}, r))) \
+        == pytest.approx(0.8991, abs=1e-4)                                     # at most 0.9
     assert carry_l2({"latency": 1.0}, r) == {"latency": 1.0}
 
 
