@@ -141,9 +141,12 @@ def kernel_regimes(op: str, df: pd.DataFrame, idx: np.ndarray) -> dict:
 
 
 def kernel_parts(gpu: GPUSpec, op: str, dtype: str, table: pd.DataFrame, idx: np.ndarray, p: dict):
-    """(ideal compute µs, ideal memory µs, compute efficiency, memory efficiency) of rows ``idx``,
-    float64 numpy."""
+    """(ideal compute µs, ideal memory µs on the table's warm L2, compute efficiency, memory
+    efficiency) of rows ``idx``, float64 numpy."""
+    from roofcal.model.predict import warm_share
     tc, tm, z = row_times(gpu, op, dtype, table, idx)
+    if op in K.CACHED_KINDS:
+        tm = K.warm_memory_time(p, tm, warm_share(gpu, op, dtype, tm))
     ec, em = K.efficiencies_z(p, z)
     return [np.asarray(x, np.float64) for x in (tc, tm, ec, em)]
 

@@ -249,12 +249,13 @@ def op_to_dict(key: str, p: dict) -> dict:
                   for j, d in enumerate(k.descriptors)},
         "compute_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
         "memory_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
-        **({"l2_saving": round_sig(saving)} if (saving := _l2_saving(p)) > L2_SAVING_WRITTEN else {}),
+        **({"l2_saving": round_sig(saving, 6)} if (saving := _l2_saving(p)) > L2_SAVING_WRITTEN else {}),
         **({"measured_shapes": curves.to_dict(kind, p["curves"])} if p.get("curves") else {}),
     }
 
 
-#: a warm-L2 saving at or below this is not written (no saving: the file as before the field)
+#: a warm-L2 saving at or below this is not written (no saving: the file as before the field); a
+#: saving is written to 6 significant digits, which its float32 parameter reads back to exactly
 L2_SAVING_WRITTEN = 1e-6
 
 

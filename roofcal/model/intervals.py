@@ -62,12 +62,12 @@ EXTRAPOLATED = " + extrapolation"
 #: measured / predicted of prefill attention over a cached prefix at its one measured limit: a
 #: chunk of one new token over c cached keys per sequence is the kernel the decode tables time
 #: (20,242 H100 decode rows with c ≥ 255, 1–2,048 sequences, vLLM 0.14 and 0.24 pooled, each
-#: set weighted equally; ``python -m roofcal.bench.extrapolation``, 2026-11-24). The lookup at the
-#: equivalent uncached chunk is right for one sequence (median 1.05 / 0.96) and charges many
-#: one-token chunks too much (median 0.39 / 0.48 at 2,048 sequences): the (p10, p90) below. A step's
+#: set weighted equally; ``python -m roofcal.bench.extrapolation``, 2026-12-06). The lookup at the
+#: equivalent uncached chunk is right for one sequence (median 1.05 / 0.97) and charges many
+#: one-token chunks too much (median 0.31 / 0.38 at 2,048 sequences): the (p10, p90) below. A step's
 #: prefill-attention band is widened to them in proportion to the share of its causal pairs that
 #: are against the prefix (:func:`cached_widening`): 0 without a cache, → 1 for one-token chunks.
-CACHED_PREFIX = (0.48, 1.23)
+CACHED_PREFIX = (0.44, 1.20)
 #: ``interval_basis`` suffix of a band widened for a cached prefix
 CACHED = " + cached prefix"
 

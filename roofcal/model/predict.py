@@ -300,7 +300,7 @@ def _op_times(p: dict, z, tc, tm, res) -> np.ndarray:
 def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = False,
                   bands: dict | None = None, compute_scale: float = 1.0,
                   surface: bool = False, ideal: IdealTimes | None = None,
-                  surfaces: np.ndarray | None = None) -> pd.DataFrame:
+                  surfaces: np.ndarray | None = None, warm: bool = True) -> pd.DataFrame:
     """Predicted time of every row (all rows must be for ``gpu``); adds ideal and predicted µs,
     with ``bands`` (:attr:`Coefficients.op_bands`) the 80 % interval ``p10_us``, ``p90_us``
     (NaN for kernels without held-out evidence), and with ``flags`` the shape flags
@@ -311,7 +311,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     curves priced by its surface alone, as a shape no table measured (NaN for other kinds).
     ``ideal``: the rows' :func:`ideal_times`, when already computed; ``surfaces`` (N,): the rows'
     times by their kernels' surfaces alone (µs, at ``compute_scale`` 1), where already computed
-    with these parameters (a group with any NaN is computed)."""
+    with these parameters (a group with any NaN is computed). ``warm``: priced as the per-op tables
+    time a kernel, on a warm L2 (:mod:`roofcal.physics.cache`); False: as a served step runs it,
+    on a cold one."""
     out = df.copy()
     cols = ("ideal_compute_us", "ideal_memory_us", "predicted_us") + \
         (("p10_us", "p90_us") if bands is not None else ()) + (("surface_us",) if surface else ())
@@ -322,10 +324,10 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
     for g, op, dt, idx in groups(df):
         tc, tm, z = ideal.rows(op, idx)
         _, p = K.lookup(params["ops"], op, dt)
-        known = None if surfaces is None or compute_scale != 1.0 else surfaces[idx]
+        known = None if surfaces is None or compute_scale != 1.0 or not warm else surfaces[idx]
         t = known if known is not None and not np.isnan(known).any() else \
             _op_times(measured_curves.surface_only(p), z, tc * compute_scale if compute_scale != 1.0 else tc, tm,
-                      ideal.res[idx])
+                      ideal.res[idx] if warm else np.zeros(len(idx), np.float32))
         factor, measured = measured_curves.row_factors(p.get("curves"), op, df.iloc[idx])
         if surface and op in measured_curves.AXES:
             col["surface_us"][idx] = np.asarray(t, np.float64)

@@ -37,12 +37,14 @@ def test_the_saving_is_written_read_and_checked(tmp_path):
     from roofcal.errors import RoofcalError
     from roofcal.model import coeffs as C
     from roofcal.model import correction as K
-    op = C.load("coeffs/a100_sxm.yaml").params["ops"]["attn_decode/bf16"]
+    op = {**C.load("coeffs/a100_sxm.yaml").params["ops"]["attn_decode/bf16"],
+          "l2_saving": jnp.float32(K.NEUTRAL_L2_SAVING)}
     p = {**op, "l2_saving": jnp.float32(K.l2_saving_raw(0.75))}
     d = C.op_to_dict("attn_decode/bf16", p)
     assert d["l2_saving"] == pytest.approx(0.75)
     back = C.op_from_dict("attn_decode/bf16", d, "f.yaml")
     assert float(K.l2_saving(back)) == pytest.approx(0.75, abs=1e-6)
+    assert C.op_to_dict("attn_decode/bf16", back)["l2_saving"] == d["l2_saving"]   # read back exactly
     assert "l2_saving" not in C.op_to_dict("attn_decode/bf16", op)                # no saving
     older = {k: v for k, v in d.items() if k != "l2_saving"}              # a file before the field
     assert float(K.l2_saving(C.op_from_dict("attn_decode/bf16", older, "f.yaml"))) < 1e-12

@@ -48,10 +48,10 @@ def test_shipped_transfer_bands_match_the_shipped_fits():
     again = TB.measure()
     # re-measured on this machine: equal up to XLA's CPU rounding (float32 predictions)
     assert _close(again["bands"], doc["bands"]) and _close(again["per_direction"], doc["per_direction"])
-    # the A100 runs memory-bound decode attention slower than its bandwidth says, the H100
-    # faster: the widest band of all
+    # the eager all-reduce's launch cost is its host's: the widest band; decode attention's
+    # narrowed from 3.54× to 2.00× wide once the warm L2 was priced apart (docs/model.md)
     widths = {k: b["p90"] / b["p10"] for k, b in doc["bands"].items()}
-    assert max(widths, key=widths.get) == "attn_decode"
+    assert max(widths, key=widths.get) == "allreduce" and widths["attn_decode"] < 2.1
 
 
 def test_bootstrap_carries_widened_bands():
