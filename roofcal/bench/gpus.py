@@ -5,7 +5,7 @@ others are fitted on all their rows and carried to it with ``roofcal gpu bootstr
 ``sm``); every row of the left-out GPU is then predicted, and the per-op MAPE (%) is reported per
 kernel kind/variant beside the neutral roofline:
 
-* ``from <gpu>``: the bootstrap from one source fit, as ``gpu bootstrap --from`` does today;
+* ``from <gpu>``: the bootstrap from one source fit, as ``gpu bootstrap --from`` makes it;
 * ``geometric mean of the others``: the geometric mean of those single-source predictions, the
   simplest pooling of several GPUs (a benchmark figure: the bootstrap takes one source);
 * few shot: the bootstrap from each source refitted on 30, 100 and 300 of the left-out GPU's rows
