@@ -34,8 +34,11 @@ within the L2 is served from it (a kernel timed again and again on the same buff
 tables are, reads it at L2 speed: on the L40S, 96 MiB of L2 over 864 GB/s of GDDR6, decode
 attention over 32–96 MB of KV runs at 1.3–2× the memory bandwidth), the memory technology, and
 the architecture whose kernels vLLM picks (FlashAttention 3 and CUTLASS 3 on 9.0, FlashAttention 2
-and Triton on 8.9). No kernel correction reads them yet, so they are not part of
-:meth:`GPUSpec.sha256` either.
+and Triton on 8.9). The L2 sets the warm share of a per-op table's rows
+(:mod:`roofcal.physics.cache`), which only the pricing of table rows reads (fits, residuals); a
+served step is priced on a cold L2, so no step prediction or export depends on these fields and
+they are not part of :meth:`GPUSpec.sha256` (a file fitted before them still matches); the memory
+kind picks the zero-shot error a bootstrap quotes (:mod:`roofcal.transfer.expectation`).
 
 Sparsity figures are refused: any key mentioning sparsity, and any low-precision peak above twice
 the BF16 peak (every NVIDIA generation doubles per halving of precision; 4x means a sparse figure).
