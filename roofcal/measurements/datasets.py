@@ -15,7 +15,7 @@ import pandas as pd
 from roofcal import resources
 from roofcal.errors import RoofcalError
 from roofcal.io import sha256_file
-from roofcal.measurements.ops import read_ops
+from roofcal.measurements.ops import left_out, read_ops
 from roofcal.measurements.stepdata import SPLITWISE_COLUMNS, read_splitwise, read_step_jsonl
 
 #: what ``roofcal fit --gpu G`` fits when no ``--data`` is given (relative to the source tree)
@@ -94,12 +94,11 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
             else:
                 df = read_ops(f)
                 frames.append(df)
-                for k, n in df.attrs.get("left_out", {}).items():
-                    m.left_out[k] = m.left_out.get(k, 0) + n
                 kind, rows = "per-op", len(df)
             m.provenance.append({"path": name, "sha256": sha256_file(f), "kind": kind, "rows": rows})
     if frames:
         m.ops = pd.concat(frames, ignore_index=True)
+        m.left_out = left_out(frames)
     if gpu is not None:
         name, names = (gpu if isinstance(gpu, str) else gpu.name), _names(gpu)
         if m.ops is not None:

@@ -43,6 +43,7 @@ d5bad971c; checked against the data):
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +66,15 @@ NOT_IN_GRAPH = {("vllm-0.24.0", "gemm", "fp8_block")}
 LEFT_OUT_SOURCES = {"vllm_flash_attn_fa4"}
 
 
+#: a kernel set's name, ``<framework>-<version>`` lower-cased (``vllm-0.14.0``)
+KERNEL_SET_NAME = re.compile(r"([a-z][a-z0-9_]*)-(\d+(?:\.\d+)*)")
+
+
 def kernel_set_of(path: str | Path) -> str:
     """The kernel set of a measurement file: the nearest folder named ``<framework>-<version>``
     whose framework is not NCCL (``vllm-0.14.0``), else ``""`` (shared by every set)."""
-    import re
     for part in reversed(Path(path).parts[:-1]):
-        m = re.fullmatch(r"([a-z][a-z0-9_]*)-(\d+(?:\.\d+)*)", part.lower())
+        m = KERNEL_SET_NAME.fullmatch(part.lower())
         if m:
             return "" if m.group(1) == "nccl" else part
     return ""
@@ -78,7 +82,6 @@ def kernel_set_of(path: str | Path) -> str:
 
 def kernel_set_order(name: str) -> tuple:
     """Sort key of kernel sets, oldest first: framework, then its version numerically."""
-    import re
     m = re.fullmatch(r"(.*?)-(\d+(?:\.\d+)*)", name)
     return (m.group(1), tuple(int(x) for x in m.group(2).split("."))) if m else (name, ())
 
@@ -96,8 +99,7 @@ def table_kernel_set(df: pd.DataFrame) -> str | None:
     if len(fw) != 1 or len(ver) != 1:
         return None
     name = f"{str(fw[0]).strip().lower()}-{str(ver[0]).strip()}"
-    import re
-    return name if re.fullmatch(r"[a-z][a-z0-9_]*-\d+(?:\.\d+)*", name) else None
+    return name if KERNEL_SET_NAME.fullmatch(name) else None
 
 
 # --------------------------------------------------------------------------------------------

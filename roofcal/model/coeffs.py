@@ -249,7 +249,7 @@ def op_to_dict(key: str, p: dict) -> dict:
                   for j, d in enumerate(k.descriptors)},
         "compute_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_c"]))},
         "memory_efficiency": {n: round_sig(v) for n, v in zip(names, np.asarray(p["eff_m"]))},
-        **({"l2_saving": round_sig(saving, 6)} if (saving := _l2_saving(p)) > L2_SAVING_WRITTEN else {}),
+        **({"l2_saving": round_sig(saving, 6)} if (saving := float(K.l2_saving(p))) > L2_SAVING_WRITTEN else {}),
         **({"measured_shapes": curves.to_dict(kind, p["curves"])} if p.get("curves") else {}),
     }
 
@@ -258,10 +258,6 @@ def op_to_dict(key: str, p: dict) -> dict:
 #: saving is written to 6 significant digits, which its float32 parameter reads back to exactly
 L2_SAVING_WRITTEN = 1e-6
 
-
-def _l2_saving(p: dict) -> float:
-    """The physical warm-L2 saving in [0, 1) of an op's raw parameters (0 without one)."""
-    return float(K.l2_saving(p)) if "l2_saving" in p else 0.0
 
 
 def step_to_dict(step: dict) -> dict:

@@ -4,8 +4,8 @@
 the per-op MAPE (%) per kernel kind/variant of the target's rows predicted by the source's fit
 bootstrapped to it (written by ``python -m roofcal.bench.gpus --write-expectations``). A bootstrap
 quotes the pairs whose memory families match its own (HBM to HBM, HBM to GDDR, …): measured,
-the family is what separates a small transfer error from a large one (A100 ↔ H100 22–34 % mean
-over kinds; from either to the GDDR6, PCIe L40S 83–94 %).
+the family is what separates a small transfer error from a large one (A100 ↔ H100 22–32 % mean
+over kinds; from either to the GDDR6, PCIe L40S 62–66 %).
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ def expectation(ref_gpu, new_gpu, pairs: list[dict]) -> str:
     want = (memory_family(ref_gpu.memory_kind), memory_family(new_gpu.memory_kind))
     same = [p for p in pairs if (memory_family(p.get("from_memory", "")),
                                   memory_family(p.get("to_memory", ""))) == want]
-    chosen = same if same and "unknown" not in want else pairs
+    matched = bool(same) and "unknown" not in want
+    chosen = same if matched else pairs
     if not chosen:
         return "no zero-shot error has been measured"
     kinds = [v for p in chosen for v in p["kinds"].values()]
     means = [p["mean"] for p in chosen]
-    what = (f"from {want[0].upper()} to {want[1].upper()} memory" if chosen is same and same
-            else "between any two measured GPUs")
+    what = f"from {want[0].upper()} to {want[1].upper()} memory" if matched else "between any two measured GPUs"
     names = ", ".join(f"{p['from']} → {p['to']}" for p in chosen)
     return (f"measured zero shot {what} ({names}): {min(means):.0f}–{max(means):.0f} % per-op "
             f"MAPE on the mean over kernel kinds, {min(kinds):.0f}–{max(kinds):.0f} % per kind")
