@@ -42,6 +42,9 @@ from roofcal.model.coeffs import ALPHAS, Coefficients, round_sig
 #: the nominal load of a deployment exported without runs: decodes in a step, and their context
 NOMINAL_DECODES = 32
 NOMINAL_CONTEXT = 1024
+#: the server limits of a deployment exported without runs: max_num_seqs and the token budget
+NOMINAL_MAX_NUM_SEQS = 256
+NOMINAL_BUDGET = 8192
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,7 +233,7 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
         kv = min((e.server.kv_blocks or 10 ** 12) for e in target.experiments)
     else:
         ctx = prompt = float(NOMINAL_CONTEXT)
-        cached, seqs, budget, limit, kv = 0.0, 256, 8192, 10 ** 9, 10 ** 12
+        cached, seqs, budget, limit, kv = 0.0, NOMINAL_MAX_NUM_SEQS, NOMINAL_BUDGET, 10 ** 9, 10 ** 12
     p, pc = int(round(prompt)), int(round(cached))
     prefixes = sorted({0, pc} if target.experiments else {0, 1024, 4096})
     limit = min(limit, context_limit(spec) or limit) - 1
@@ -590,13 +593,48 @@ def config_folder(target: Target) -> Path:
     return Path(resolve_config_path(target.deployment.model)).resolve().parent
 
 
+#: the load of the printed ``blis run`` commands: BLIS's own ``distribution`` workload (prompts and
+#: outputs of 512 ± 256 tokens), 100 requests at one a second — a concrete load that runs in well
+#: under a second; a run's own load is its TraceV2 (``roofcal workload trace``)
+USAGE_LOAD = ("--num-requests", "100", "--rate", "1", "--seed", "42")
+
+
+def server_limits(target: Target) -> tuple[int, int]:
+    """(max_num_seqs, token budget) of the server the target's export was distilled for: the
+    largest of its runs', else the nominal 256 and 8,192 (:func:`mixes`)."""
+    if target.experiments:
+        return (max(int(e.max_num_seqs) for e in target.experiments),
+                max(int(e.max_num_batched_tokens) for e in target.experiments))
+    return NOMINAL_MAX_NUM_SEQS, NOMINAL_BUDGET
+
+
+def trace_prefix(path: os.PathLike, export: DeploymentExport, target: Target) -> Path:
+    """Where the printed ``blis run`` writes its requests as a TraceV2 (``<prefix>.yaml`` and
+    ``.csv``) for the printed ``blis replay``: beside the defaults file, ``<its stem>-workload``
+    (``<its stem>-<target>-workload`` for a file of several deployments). Absolute."""
+    p = Path(path).resolve()
+    stem = p.stem if len(export.targets) == 1 else f"{p.stem}-{target.stem}"
+    return p.with_name(f"{stem}-workload")
+
+
 def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | None = None,
-          hardware_config=resources.BLIS_HARDWARE) -> str:
-    """Which file (or flags) go with which ``blis`` command, one block per export: the complete
-    flags BLIS needs (a written defaults file has no hardware table or model configs beside it,
-    so ``--hardware-config`` and ``--model-config-folder`` are given)."""
+          hardware_config=resources.BLIS_HARDWARE, defaults=resources.BLIS_DEFAULTS,
+          blis: os.PathLike | None = None) -> str:
+    """Which file (or flags) go with which ``blis`` command, one block per export, each command
+    complete as printed (absolute paths, the server's limits, a load: :data:`USAGE_LOAD`): a
+    written defaults file has no hardware table or model configs beside it, so
+    ``--hardware-config`` and ``--model-config-folder`` are given.
+
+    With ``paths`` (the written files): a ``blis run`` that writes its requests as a TraceV2
+    (:func:`trace_prefix`) and a ``blis replay`` of that trace. Always: the coefficients as
+    ``--alpha-coeffs``/``--beta-coeffs`` over ``defaults`` (BLIS reads its other settings from a
+    defaults file, ``./defaults.yaml`` unless ``--defaults-filepath`` names one, and fails
+    without it). ``blis``: the binary's path (None: ``blis``, with a line saying so)."""
+    import shlex
     lines = []
     hw_path = Path(hardware_config).resolve()
+    dflt = Path(defaults).resolve()
+    exe = str(Path(blis).resolve()) if blis is not None else "blis"
     for i, ex in enumerate(exports):
         ft = ex.first_token
         a0 = (f"alpha0 {ex.alpha[0]:,.0f} us = API {ft['api_us']:,.0f} + first-token cycle {ft['cycle_delay_us']:,.0f}"
@@ -614,10 +652,26 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
             if ex.metrics["clock"].get("cycles"):
                 lines.append(f"  cycle per stage, boost -> its own clock: {ex.metrics['clock']['cycles']}")
         for t in ex.targets:
-            base = (f"--model {t.blis_model} --tp {t.deployment.tp} --hardware {ex.hardware} "
-                    f"--latency-model trained-physics --model-config-folder {config_folder(t)} "
-                    f"--hardware-config {hw_path}")
+            seqs, budget = server_limits(t)
+            base = ["--model", t.blis_model, "--tp", str(t.deployment.tp), "--hardware", ex.hardware,
+                    "--latency-model", "trained-physics", "--model-config-folder", str(config_folder(t)),
+                    "--hardware-config", str(hw_path)]
+            limits = ["--max-num-seqs", str(seqs), "--max-num-batched-tokens", str(budget)]
             if paths is not None:
-                lines.append(f"  blis run|replay {base} --defaults-filepath {Path(paths[i]).resolve()} ...")
-            lines.append(f"  or, with any defaults.yaml: blis run|replay {base} {ex.flags} ...")
+                own = ["--defaults-filepath", str(Path(paths[i]).resolve())]
+                prefix = str(trace_prefix(paths[i], ex, t))
+                lines.append("  " + shlex.join([exe, "run", *base, *own, *limits, *USAGE_LOAD,
+                                                "--trace-output", prefix]))
+                lines.append("  " + shlex.join([exe, "replay", *base, *own, *limits, "--trace-header",
+                                                f"{prefix}.yaml", "--trace-data", f"{prefix}.csv"])
+                             + "   # the requests the run above wrote")
+                lines.append("  or, the same coefficients as flags over any defaults.yaml (BLIS reads its other settings "
+                             "from one; here --defaults):")
+            else:
+                lines.append("  the coefficients as flags over --defaults (BLIS reads its other settings from a "
+                             "defaults.yaml):")
+            lines.append("  " + shlex.join([exe, "run", *base, "--defaults-filepath", str(dflt), *limits,
+                                            *ex.flags.split(), *USAGE_LOAD]))
+    if blis is None:
+        lines.append("(blis: the BLIS binary; --blis PATH or $ROOFCAL_BLIS prints its full path)")
     return "\n".join(lines)

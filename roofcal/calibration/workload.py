@@ -33,7 +33,9 @@ Loop (Gauss–Newton with the simulator refreshing the model's blind spots):
 3. δ ← log(BLIS / steady state) at the current θ, capped at ×/÷ 1.5: what queueing bursts,
    chunking and BLIS's basis do that the steady state does not (a run on a queueing cliff would
    otherwise dominate); back to 1, with a trust region around the θ where δ was measured. The
-   iterate BLIS scores best is kept.
+   iterate with the lowest BLIS loss — the mean squared log-ratio of BLIS's to the measured mean
+   E2E, TTFT and ITL over the fitted runs, the three metrics alike — is kept, and said which it
+   is: it need not be the one with the lowest E2E MAPE alone.
 """
 
 from __future__ import annotations
@@ -266,6 +268,19 @@ class WorkloadCalibration:
     history: list = field(default_factory=list)
     seconds: float = 0.0
 
+    @property
+    def kept(self) -> int:
+        """The refresh (1-based) whose iterate is kept: the lowest BLIS loss."""
+        return next(i for i, it in enumerate(self.history, 1) if it is self.best)
+
+    def kept_text(self) -> str:
+        """Which iterate is kept and why, on one line."""
+        it = self.best
+        return (f"kept: refresh {self.kept} of {len(self.history)}, BLIS MAPE E2E {it.mape['e2e']:.1f} % "
+                f"TTFT {it.mape['ttft']:.1f} % ITL {it.mape['itl']:.1f} % (loss {it.loss:.4f}): the lowest BLIS loss, "
+                "the mean squared log-ratio of BLIS to measured E2E, TTFT and ITL over the fitted runs "
+                "(not E2E alone)")
+
 
 def _blis_means(results) -> np.ndarray:
     return np.array([[r.scopes["summary"].e2e_ms, r.scopes["summary"].ttft_ms, r.scopes["summary"].itl_ms]
@@ -422,7 +437,10 @@ def calibrate(exps, coeffs: Coefficients, blis_settings, settings: WorkloadSetti
                                  "note": "export blis --out-dir gives each deployment alpha0 + cycles x its "
                                          "own steady-state cycle; one global file takes mean_cycle_us, the "
                                          "calibration runs' mean"}
-    return WorkloadCalibration(stack_of(theta, source), it, history, time.time() - t0)
+    cal = WorkloadCalibration(stack_of(theta, source), it, history, time.time() - t0)
+    if progress:
+        log(f"roofcal: {cal.kept_text()}")
+    return cal
 
 
 def _deployment_records(exps, model_configs) -> list[dict]:
@@ -511,12 +529,15 @@ def calibrate_file(coeffs_path, exps, blis_settings, settings: WorkloadSettings 
     v = validation_of(shown, results, blis_settings, sum(r.wall_s for r in results))
     if out is not None:                   # the file keeps its default kernel set; the stack records its own
         coeff_io.save(c, out)
-    lines = [f"serving stack '{name}' (BLIS loss {cal.best.loss:.4f} on {sum(not e.overload for e in fit_exps)} runs"
-             + (f"; held out: {', '.join(holdout)}" if holdout else "") + "):"]
+    lines = [f"serving stack '{name}' (BLIS loss {cal.best.loss:.4f} on {sum(not e.overload for e in fit_exps)} runs, "
+             f"refresh {cal.kept} of {len(cal.history)}"
+             + (f"; held out: {', '.join(holdout)}" if holdout else "") + "):",
+             f"  {cal.kept_text()}"]
     lines += [f"  {k} = {v_:.4g}" for k, v_ in cal.best.theta.items()]
     from roofcal.blis.deployments import usage
     lines += ["", "per-deployment exports (roofcal export blis --out-dir):",
-              usage(exports, hardware_config=blis_settings.hardware_config), "",
+              usage(exports, hardware_config=blis_settings.hardware_config, defaults=blis_settings.defaults,
+                    blis=blis_settings.blis), "",
               validation_text(v)]
     return CalibrationReport(cal, c, v, "\n".join(lines), time.time() - t0)
 

@@ -122,10 +122,22 @@ def cmd_fit(a) -> None:
     print(f"wrote {a.out} in {time.time() - t0:.1f} s")
 
 
+def _blis_binary(a):
+    """The BLIS binary the printed commands name: ``--blis``, else ``$ROOFCAL_BLIS``, else None
+    (they say ``blis``); one named that is not an executable file is an error, before any work."""
+    import os
+
+    from roofcal.blis.run import BLIS_ENV, find_blis
+    if getattr(a, "blis", None) or os.environ.get(BLIS_ENV):
+        return find_blis(getattr(a, "blis", None))
+    return None
+
+
 def cmd_export_blis(a) -> None:
     from roofcal.blis.distill import export_blis
 
     t0 = time.time()
+    a.blis = _blis_binary(a)
     if a.out_dir:
         return _export_per_deployment(a, t0)
     if a.experiments and a.out and not (a.in_place or a.per_run):
@@ -190,7 +202,7 @@ def _export_per_deployment(a, t0) -> None:
     paths = write_defaults(exports, a.defaults, a.out_dir, a.coeffs)
     print(f"wrote {len(paths)} defaults file(s) into {a.out_dir} in {time.time() - t0:.1f} s; each goes with "
           "its deployment's blis command:")
-    print(usage(exports, paths, a.hardware_config))
+    print(usage(exports, paths, a.hardware_config, a.defaults, a.blis))
 
 
 def _export_global(a, t0) -> None:
@@ -215,7 +227,7 @@ def _export_global(a, t0) -> None:
     ex = export_deployment(c, targets, a.defaults, a.hardware_config, _settings(a, True), a.seed_replay, a.clock)
     write_defaults_file(ex, a.defaults, a.out, a.coeffs)
     print(f"wrote {a.out} in {time.time() - t0:.1f} s; it goes with each deployment's blis command:")
-    print(usage([ex], [a.out], a.hardware_config))
+    print(usage([ex], [a.out], a.hardware_config, a.defaults, a.blis))
 
 
 def _stub(target):
@@ -235,6 +247,11 @@ def cmd_export_hardware(a) -> None:
     else:
         print(json.dumps({result.name: result.entry}, indent=1, ensure_ascii=False))
         print(f"wrote entry '{result.name}' to {result.out}" + (f" (backup {result.backup})" if result.backup else ""))
+
+
+def _into_written(a):
+    """``export hardware --into FILE`` rewrites FILE only without ``--out`` (else FILE is read)."""
+    return None if a.out else a.into
 
 
 def _fit_options(s, deployment_samples: bool = False) -> None:
@@ -315,6 +332,9 @@ def register(sub) -> None:
                         "(sustained: each stage of its runs, or its limit steps without runs, at the clock its power "
                         "limit allows) or as the per-op tables were timed (burst); the plain --out distils at the "
                         "burst clock (default: sustained)")
+    s.add_argument("--blis", metavar="PATH",
+                   help="with --out-dir or --for: the BLIS binary the printed commands name (default: $ROOFCAL_BLIS; "
+                        "neither: they say 'blis')")
     _fit_options(s, deployment_samples=True)
     s.set_defaults(func=cmd_export_blis, outputs=[("out", "file", "defaults file (--out)"),
                                                   ("out_dir", "dir", "folder of defaults files (--out-dir)")])
@@ -326,4 +346,4 @@ def register(sub) -> None:
     s.add_argument("--out", help="file to write (default: --into; neither: print the JSON)")
     s.add_argument("--name", help="entry name (default: the BLIS name aliasing the GPU, e.g. H100)")
     s.set_defaults(func=cmd_export_hardware, outputs=[("out", "file", "hardware config (--out)"),
-                                                      ("into", "file", "hardware config (--into)")])
+                                                      (_into_written, "file", "hardware config (--into)")])

@@ -112,10 +112,14 @@ def gpu_argument(name: str) -> str:
 def next_steps(datasheet: str, coeffs: str) -> list[str]:
     """The commands that follow a bootstrap (``roofcal gpu bootstrap`` prints them): predict with
     the new file, then refine it by a few-shot fit on measured kernels. Words in capitals are the
-    user's own files (a step JSONL, a bundled model and its TP, per-op measurements)."""
+    user's own files (a step JSONL, a bundled model and its TP, per-op measurements). The
+    prediction goes to ``<coeffs stem>-pred.csv`` beside the coefficient file, a name of the new
+    file's own (a plain ``pred.csv`` would replace the README's)."""
     import shlex
+    from pathlib import Path
     gpu, c = shlex.quote(gpu_argument(datasheet)), shlex.quote(str(coeffs))
-    return [f"roofcal predict --gpu {gpu} --coeffs {c} --model MODEL --tp TP --steps STEPS.jsonl --out pred.csv",
+    pred = shlex.quote(str(Path(coeffs).with_name(f"{Path(coeffs).stem}-pred.csv")))
+    return [f"roofcal predict --gpu {gpu} --coeffs {c} --model MODEL --tp TP --steps STEPS.jsonl --out {pred}",
             f"roofcal fit --gpu {gpu} --prior {c} --data KERNELS"]
 
 

@@ -105,13 +105,18 @@ def os_error_line(e: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
-def check_outputs(args) -> None:
+def check_outputs(args) -> list[str]:
     """Refuse, before any work, every output a command declared that cannot be written, two
-    outputs that are one file, and an output that would overwrite an input.
+    outputs that are one file, and an output that would overwrite an input. Returns the notices
+    :func:`main` prints on stderr once the command has succeeded, one line per output file that
+    existed before it (``roofcal: overwrote FILE (the WHAT; it existed before this run)``), so
+    that no file the run did not make is replaced silently — and a bad input still gets its one
+    line alone.
 
     A command declares ``set_defaults(outputs=[(dest, "file" | "dir", what)], inputs=[dest])``;
     an output's ``dest`` may also be a function of the arguments (a path derived from another
-    option), and ``inputs`` name the options holding input files (one path or a list).
+    option, or None when the command writes no such file), and ``inputs`` name the options
+    holding input files (one path or a list).
     """
     from pathlib import Path
 
@@ -133,6 +138,14 @@ def check_outputs(args) -> None:
             what = seen.get(Path(value).resolve())
             if what is not None:
                 raise RoofcalError(f"{value}: the {what} would overwrite an input file")
+    return [overwrote(value, what) for dest, kind, what in getattr(args, "outputs", ())
+            for value in [dest(args) if callable(dest) else getattr(args, dest, None)]
+            if value and kind == "file" and Path(value).is_file()]
+
+
+def overwrote(path, what: str) -> str:
+    """The notice of an output file that existed before the command and was replaced by it."""
+    return f"roofcal: overwrote {path} (the {what}; it existed before this run)"
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -182,10 +195,12 @@ def main(argv=None) -> int:
     command = command_name(args)
     programs.prefetch(command)             # the programs its last run read, loaded ahead
     try:
-        check_outputs(args)
+        notices = check_outputs(args)
         code = args.func(args)             # a handler may return a non-zero exit status
         if not code:
             programs.remember(command)
+            for line in notices:
+                print(line, file=sys.stderr)
     except RoofcalError as e:
         print(f"roofcal: error: {e}", file=sys.stderr)
         return 2

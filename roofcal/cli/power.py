@@ -14,6 +14,10 @@ def cmd_power_fit(a) -> None:
     from roofcal.calibration.power import power_file
     res = power_file(a.coeffs, a.sustained, a.out or a.coeffs, a.gpu)
     print(res.text)
+    if not a.out:                          # in place: say so (with --out, roofcal.cli.main says it)
+        import sys
+        from roofcal.cli.main import overwrote
+        print(overwrote(a.coeffs, "coefficient file, in place: no --out"), file=sys.stderr)
 
 
 def register(sub) -> None:

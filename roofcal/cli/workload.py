@@ -61,10 +61,12 @@ def settings_from_args(a, need_blis: bool = True):
                         kv_blocks=a.kv_blocks, seed=a.seed)
 
 
-def exports_from_args(a, exps, settings, work: Path):
+def exports_from_args(a, exps, settings, work: Path, kept: bool = True):
     """Export ``--coeffs`` (its ``--stack``) for the runs' deployments as ``--export`` says, write
     the defaults.yaml files into ``work/defaults/`` and return ({run: defaults path}, text saying
-    which file goes with which blis command); (None, "") without ``--coeffs``."""
+    which file goes with which blis command); (None, "") without ``--coeffs``. ``kept``: whether
+    ``work`` stays after the command; when it does not, the text names no file in it (only the
+    coefficients as flags over ``settings.defaults``)."""
     if not getattr(a, "coeffs", None):
         return None, ""
     from roofcal.blis.deployments import usage, write_defaults
@@ -79,8 +81,10 @@ def exports_from_args(a, exps, settings, work: Path):
         per_run[e.name] = paths[ex]
     how = {"per-deployment": "one defaults.yaml per deployment", "per-run": "one defaults.yaml per run",
            "global": "one defaults.yaml for all deployments"}[a.export]
-    text = (f"exported {a.coeffs} (stack {c.stack or 'none'}, kernels {c.kernels}) as {how}; the same files: "
-            f"{export_command(a)}\n" + usage(exports, paths, settings.hardware_config))
+    text = (f"exported {a.coeffs} (stack {c.stack or 'none'}, kernels {c.kernels}) as {how}"
+            + (f" into {(work / 'defaults').resolve()}" if kept else " into a temporary folder (--keep DIR keeps it)")
+            + f"; the same files: {export_command(a)}\n"
+            + usage(exports, paths if kept else None, settings.hardware_config, settings.defaults, settings.blis))
     return per_run, text
 
 
@@ -141,18 +145,24 @@ def cmd_trace(a) -> None:
         print(f"{e.name}: {len(req)} requests over {req.send_us.max() / 1e6:.0f} s, "
               f"{len(set(req.prefix_group.tolist()) - {''})} prefix groups")
         if settings.blis is not None:
-            args, blocks, source = replay_args(e, settings, settings.defaults, str(out / e.name))
+            args, blocks, source = replay_args(e, settings, settings.defaults, str((out / e.name).resolve()))
             print("  " + shlex.join(args) + f"   # KV blocks: {source}")
     if settings.blis is None:
         print("(give --blis PATH or set ROOFCAL_BLIS to print each run's blis replay command)")
 
 
 def _print_commands(v, keep) -> None:
-    print("\nBLIS command per run" + (f" (run in {Path(keep) / '<run>'}/, where its files are)" if keep else
-          " (as run in a temporary folder: --keep DIR keeps the files, or 'roofcal workload trace' "
-          "writes the trace and 'roofcal export blis' the defaults files):"))
+    """Each run's BLIS command as run, in its kept folder (``--keep``), where its trace and
+    defaults file stay; without ``--keep`` those files are gone, so no command is printed."""
+    import shlex
+    if not keep:
+        print("\nBLIS command per run: rerun with --keep DIR to keep the files these commands need (each run's "
+              "trace and defaults.yaml); 'roofcal workload trace' writes the traces and 'roofcal export blis' "
+              "the defaults files")
+        return
+    print(f"\nBLIS command per run (in {Path(keep).resolve()}/<run>/, where its files are):")
     for r in v.results:
-        print(f"  {r.experiment}: {r.command}")
+        print(f"  {r.experiment}: cd {shlex.quote(str((Path(keep) / r.experiment).resolve()))} && {r.command}")
 
 
 def cmd_validate(a) -> None:
@@ -170,7 +180,7 @@ def cmd_validate(a) -> None:
     settings = settings_from_args(a)
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="roofcal-validate-"))
     try:
-        defaults, text = exports_from_args(a, exps, settings, work)
+        defaults, text = exports_from_args(a, exps, settings, work, kept=bool(a.keep))
         if text:
             print(text)
         v = validate(exps, settings, progress=True, keep=a.keep, defaults=defaults)
@@ -257,6 +267,10 @@ def cmd_calibrate(a) -> None:
     res = calibrate_file(a.coeffs, exps, settings, ws, out, name=a.name, holdout=a.holdout, kernels=a.kernels)
     print(res.text)
     print(f"wrote stack '{a.name}' into {out} in {res.seconds:.0f} s")
+    if not a.out:                          # in place: say so (with --out, roofcal.cli.main says it)
+        import sys
+        from roofcal.cli.main import overwrote
+        print(overwrote(out, "coefficient file, in place: no --out"), file=sys.stderr)
 
 
 def cmd_lomo(a) -> None:

@@ -28,12 +28,15 @@ def test_a_bootstrapped_gpu_runs_in_blis_as_its_export_prints(tmp_path, capsys):
     assert entry["TFlopsPeak"] == pytest.approx(362.05) and entry["BwPeakTBs"] == pytest.approx(0.864)
     capsys.readouterr()
     main(["export", "blis", "--coeffs", str(boot), "--defaults", "data/blis/defaults.yaml",
-          "--model", "llama-2-7b-hf:1", "--hardware-config", str(hw), "--out-dir", str(out)])
+          "--model", "llama-2-7b-hf:1", "--hardware-config", str(hw), "--out-dir", str(out), "--blis", str(BLIS)])
     printed = capsys.readouterr().out
-    (line,) = [ln.strip() for ln in printed.splitlines() if ln.strip().startswith("blis run|replay")]
-    args = shlex.split(line.replace("blis run|replay", "", 1).rstrip(". "))
-    assert "--hardware" in args and args[args.index("--hardware") + 1] == "L40S"
-    res = subprocess.run([str(BLIS), "run", *args, "--num-requests", "20", "--rate", "1",
+    (line,) = [ln.strip() for ln in printed.splitlines() if ln.strip().startswith(f"{BLIS} run --model")
+               and "--trace-output" in ln]
+    args = shlex.split(line)
+    assert args[:2] == [str(BLIS), "run"] and "--hardware" in args and args[args.index("--hardware") + 1] == "L40S"
+    assert Path(args[args.index("--hardware-config") + 1]) == hw.resolve()
+    # the printed line with a load of its own (BLIS takes a repeated flag's last value)
+    res = subprocess.run([*args, "--num-requests", "20", "--rate", "1",
                           "--prompt-tokens", "256", "--output-tokens", "64", "--seed", "1"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-500:]

@@ -53,7 +53,7 @@ def test_new_gpu_from_a_template_every_printed_hint_runs(tmp_path, monkeypatch, 
     assert [h[0] for h in hints] == ["predict", "fit"], out
     assert "my_gpu.yaml" in hints[0] and "my_gpu.yaml" in hints[1]      # the datasheet file, not its name
     run(hints[0], capsys)
-    pred = pd.read_csv(tmp_path / "pred.csv")
+    pred = pd.read_csv(tmp_path / "new_coeffs-pred.csv")       # a name of its own, not the README's pred.csv
     assert len(pred) == 1 and pred["gpu"].tolist() == ["a100_sxm"] and pred["zero_shot"].all()
     out = run(hints[1] + ["--quiet"], capsys)
     assert (tmp_path / "out" / "a100_sxm.yaml").is_file(), out
