@@ -118,21 +118,23 @@ def test_datasheet_template_is_the_inverse_of_the_parser(spec, tmp_path):
     back = read_datasheet(path)
     assert asdict(back) == asdict(spec) and back.sha256() == spec.sha256()
     # the bundled file's own figures, key for key (fp16 is written even where the file left it
-    # to default to bf16; an absent peak stays absent)
+    # to default to bf16; an absent FP8 or INT8 peak is written as 0, "none")
     raw = yaml_load(open(f"roofcal/physics/hardware/{spec.name}.yaml").read())
     mine = datasheet_dict(spec)
     assert {k: v for k, v in mine["dense_tflops"].items() if k != "fp16"} == \
-        {k: float(v) for k, v in raw["dense_tflops"].items() if k != "fp16" and v is not None}
+        {"fp8": 0.0, "int8": 0.0} | {k: float(v) for k, v in raw["dense_tflops"].items()
+                                     if k != "fp16" and v is not None}
     assert set(mine) - {"display_name", "aliases"} == set(raw) - {"display_name", "aliases", "notes"}
 
 
 def test_datasheet_template_follows_the_dataclass():
     """A field a GPUSpec has beyond its defaults is written under its own name; a field at its
-    default is left out (so an optional figure nobody gave is not invented)."""
+    default is left out (so an optional figure nobody gave is not invented), except an FP8 or
+    INT8 peak of 0, written as 0: the GPU has no such tensor cores (and reading it warns of nothing)."""
     from roofcal.physics.hardware import datasheet_dict
     g = load_gpu("a100_sxm")
     d = datasheet_dict(g)
-    assert "fp8" not in d["dense_tflops"] and g.fp8_tflops == 0.0        # no FP8 tensor cores
+    assert d["dense_tflops"]["fp8"] == 0.0 == g.fp8_tflops               # no FP8 tensor cores, said
     assert d["sm_count"] == 108 and isinstance(d["sm_count"], int)
     assert list(d)[:5] == ["schema", "name", "display_name", "aliases", "sources"]
     assert "aliases" not in datasheet_dict(g.replace(aliases=()))
@@ -160,3 +162,135 @@ def test_transfer_fields_every_bundled_gpu_has_checked_and_outside_the_hash():
         parse_datasheet({**d, "compute_capability": 9}, "x.yaml")
     with pytest.raises(RoofcalError, match="x.yaml: field 'l2_cache_mib' must be a positive number"):
         parse_datasheet({**d, "l2_cache_mib": -1}, "x.yaml")
+
+
+# --------------------------------------------------------------------------------------------
+# a new GPU's template, optional fields left out, GDDR memory
+
+
+def test_template_of_a_new_gpu_has_its_name_empty_sources_and_parses_once_filled(tmp_path):
+    """``roofcal gpu template my_gpu``: the name given, ``sources: []``, every figure blank with the
+    reference's value only in a comment marked with its name; refused as it is (one line naming
+    the blank fields), read back to the figures written in."""
+    from roofcal.physics.hardware import read_datasheet
+    from roofcal.physics.hardware.datasheet import template_yaml
+    text = template_yaml("my_gpu", load_gpu("h100_sxm"))
+    raw = yaml_load(text)
+    assert raw["name"] == "my_gpu" and raw["sources"] == [] and raw["aliases"] == []
+    assert set(raw["dense_tflops"].values()) == {None} and raw["hbm_bandwidth_tbs"] is None
+    assert "h100_sxm" not in {str(v) for v in raw.values()}          # nothing of the H100's but hints
+    assert "bf16:                       # h100_sxm: 989.4" in text
+    assert "interconnect_bandwidth_gbs:   # h100_sxm: 450" in text
+    assert "ONE direction" in text and "2^30 bytes" in text and "HBM or GDDR alike" in text
+    assert "FP32 accumulate" in text and "no sparsity" in text
+    path = tmp_path / "my_gpu.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RoofcalError, match=r"my_gpu.yaml: 7 required fields are blank: sources, "
+                                           r"dense_tflops.bf16, hbm_bandwidth_tbs, hbm_capacity_gib, "
+                                           r"interconnect, interconnect_bandwidth_gbs, sm_count"):
+        read_datasheet(path)
+    filled = {"sources: []": 'sources: ["My GPU spec sheet: 500 TFLOPS BF16 dense, 2 TB/s, 64 GB"]',
+              "  bf16:": "  bf16: 500", "  fp8:": "  fp8: 0", "hbm_bandwidth_tbs:": "hbm_bandwidth_tbs: 2.0",
+              "hbm_capacity_gib:": "hbm_capacity_gib: 64", "interconnect:": "interconnect: pcie5",
+              "interconnect_bandwidth_gbs:": "interconnect_bandwidth_gbs: 64", "sm_count:": "sm_count: 100",
+              "memory_kind:": "memory_kind: gddr7"}
+    lines = [filled.get(ln.split("#")[0].rstrip(), ln) for ln in text.splitlines()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # the optional fields still blank, one warning each (fp8 and memory_kind were given)
+    assert [w.split("'")[1] for w in _warnings_of(path)] == [
+        "aliases", "dense_tflops.fp16", "dense_tflops.int8", "power_limit_w", "boost_clock_mhz",
+        "l2_cache_mib", "compute_capability"]
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = read_datasheet(path)
+    assert (g.name, g.display_name, g.bf16_tflops, g.fp16_tflops, g.fp8_tflops) == ("my_gpu", "my_gpu", 500.0, 500.0, 0.0)
+    assert (g.hbm_bandwidth_tbs, g.hbm_capacity_gib, g.interconnect_bandwidth_gbs, g.sm_count) == (2.0, 64.0, 64.0, 100)
+    assert g.memory_kind == "gddr7" and g.balance_flops_per_byte == 250.0     # 500 / 2
+    with pytest.raises(RoofcalError, match="a GPU name is letters, digits"):
+        template_yaml("my gpu", load_gpu("h100_sxm"))
+
+
+def _written(tmp_path, d) -> "Path":
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml_text(d, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _warnings_of(path) -> list[str]:
+    import warnings
+
+    from roofcal.errors import RoofcalWarning
+    from roofcal.physics.hardware import read_datasheet
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_datasheet(path)
+    return [str(w.message) for w in caught if issubclass(w.category, RoofcalWarning)]
+
+
+@pytest.mark.parametrize("key", ["aliases", "dense_tflops.fp16", "dense_tflops.fp8", "dense_tflops.int8",
+                                 "power_limit_w", "boost_clock_mhz", "l2_cache_mib", "memory_kind",
+                                 "compute_capability"])
+def test_each_optional_field_left_out_is_one_warning_naming_it_and_its_default(key, tmp_path):
+    from roofcal.physics.hardware.datasheet import OMITTED
+    d = _sheet()                                           # the L40S: every optional field given
+    assert _warnings_of(_written(tmp_path, d)) == []
+    if key.startswith("dense_tflops."):
+        d["dense_tflops"] = {k: v for k, v in d["dense_tflops"].items() if k != key.split(".")[1]}
+    else:
+        del d[key]
+    got = _warnings_of(_written(tmp_path, d))
+    default, effect = OMITTED[key]
+    assert len(got) == 1 and got[0].startswith(f"{tmp_path / 'x.yaml'}: optional field '{key}' not given, "
+                                               f"taken as {default}: {effect}"), got
+    assert "\n" not in got[0]
+    # blank (what a template leaves) is the same as left out
+    if not key.startswith("dense_tflops."):
+        assert _warnings_of(_written(tmp_path, {**_sheet(), key: None})) == got
+
+
+def test_what_an_absent_figure_warns_of_by_hand(tmp_path):
+    d = {k: v for k, v in _sheet().items() if k != "boost_clock_mhz"}
+    assert _warnings_of(_written(tmp_path, d)) == [
+        f"{tmp_path / 'x.yaml'}: optional field 'boost_clock_mhz' not given, taken as 0 (unknown): a "
+        "prediction's clock is known only as a share of the maximum (compute_scale; its sm_clock_mhz "
+        "column is NaN), and a bootstrap scales the warm-L2 saving by SM counts alone"]
+    # an FP8 peak of 0 says "no FP8 tensor cores": the same GPU as leaving it out, without the warning
+    none = {**_sheet(), "dense_tflops": {"bf16": 312.0, "int8": 624.0, "fp8": 0}}
+    left = {**_sheet(), "dense_tflops": {"bf16": 312.0, "int8": 624.0}}
+    assert parse_datasheet(none, "x.yaml") == parse_datasheet(left, "x.yaml")
+    assert parse_datasheet(none, "x.yaml").fp8_tflops == 0.0
+    assert [w.split("'")[1] for w in _warnings_of(_written(tmp_path, none))] == ["dense_tflops.fp16"]
+    with pytest.raises(RoofcalError, match="x.yaml: field 'dense_tflops.bf16' must be a positive number"):
+        parse_datasheet({**_sheet(), "dense_tflops": {"bf16": 0}}, "x.yaml")
+
+
+def test_bundled_datasheets_read_without_warnings():
+    import warnings
+
+    from roofcal.physics.hardware import HERE, read_datasheet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in sorted(HERE.glob("*.yaml")):
+            read_datasheet(p)                 # b200 leaves boost_clock_mhz out, cited in its sources
+
+
+@pytest.mark.parametrize("kind", ["gddr6", "gddr6x", "gddr7", "GDDR6X", "hbm3e"])
+def test_memory_kinds_gddr_included(kind):
+    from roofcal.transfer.expectation import memory_family
+    g = parse_datasheet(_sheet(memory_kind=kind), "x.yaml")
+    assert g.memory_kind == kind.lower()
+    assert memory_family(g.memory_kind) == ("hbm" if kind.startswith("hbm") else "gddr")
+
+
+def test_bad_input_is_one_line_naming_file_and_field_without_traceback(tmp_path, capsys):
+    from roofcal.cli.main import main
+    p = _written(tmp_path, _sheet(memory_kind="ddr5"))
+    assert main(["gpu", "show", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"roofcal: error: {p}: field 'memory_kind' must be one of hbm2, hbm2e, hbm3, hbm3e, "
+                          "gddr6, gddr6x, gddr7")
+    p = _written(tmp_path, {**_sheet(), "sm_count": None})
+    assert main(["gpu", "show", str(p)]) == 2
+    assert capsys.readouterr().err.startswith(f"roofcal: error: {p}: field 'sm_count' is blank (SMs: ")

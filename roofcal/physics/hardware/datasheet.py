@@ -1,26 +1,40 @@
 """GPU datasheets: the YAML schema, its validation, and :class:`GPUSpec`.
 
-Schema ``roofcal-datasheet/1`` (every figure is a dense vendor peak; units are in the field names):
+Schema ``roofcal-datasheet/1``. The units are in the field names and are the same whatever the
+GPU: every peak dense (no sparsity), every bandwidth in one direction, capacities in binary units.
 
-==============================  ==========================================================  ========
-field                           meaning                                                     required
-==============================  ==========================================================  ========
-``name``                        identifier used on the command line (``h100_sxm``)          yes
-``display_name``, ``aliases``   human name; other names accepted by :func:`load_gpu`        no
-``sources``                     list of citations for the figures                           yes
-``dense_tflops.bf16``           dense BF16 tensor-core peak, 1e12 FLOP/s                    yes
-``dense_tflops.fp16/fp8/int8``  dense peaks for other dtypes (omit when unsupported)        no
-``hbm_bandwidth_tbs``           device-memory bandwidth, 1e12 bytes/s                       yes
-``hbm_capacity_gib``            device memory, GiB                                          yes
-``interconnect``                link kind (nvlink4, pcie5, ...)                             yes
-``interconnect_bandwidth_gbs``  per-GPU link bandwidth, one direction, 1e9 bytes/s          yes
-``sm_count``                    streaming multiprocessors                                   yes
-``power_limit_w``               the board's default power limit (TDP), W                    no
-``boost_clock_mhz``             the maximum SM clock (nvidia-smi's ``clocks.max.sm``), MHz  no
-``l2_cache_mib``                last-level (L2) cache, MiB (the vendor's "MB")              no
-``memory_kind``                 device memory: hbm2, hbm2e, hbm3, hbm3e, gddr6, gddr7       no
-``compute_capability``          CUDA compute capability, "major.minor" (8.0, 8.9, 9.0)      no
-==============================  ==========================================================  ========
+==============================  ===============================================================================  ========
+field                           meaning and unit                                                                 required
+==============================  ===============================================================================  ========
+``name``                        identifier used on the command line (``h100_sxm``)                               yes
+``display_name``, ``aliases``   human name; other names accepted by :func:`load_gpu` (first: nvidia-smi's)       no
+``sources``                     list of citations for the figures                                                yes
+``dense_tflops.bf16``           dense BF16 tensor-core peak, 1e12 FLOP/s (FP32 accumulate where two given)       yes
+``dense_tflops.fp16/fp8/int8``  dense peaks of other input types, likewise (int8: 1e12 op/s; fp8, int8 0: none)  no
+``hbm_bandwidth_tbs``           device-memory bandwidth, HBM or GDDR alike, 1e12 bytes/s (TB/s)                  yes
+``hbm_capacity_gib``            device memory, GiB = 2^30 bytes (a vendor's "80 GB" of HBM: 80)                  yes
+``interconnect``                link kind, a label (nvlink4, pcie5, ...)                                         yes
+``interconnect_bandwidth_gbs``  per-GPU link bandwidth, ONE direction, 1e9 bytes/s (half the total)              yes
+``sm_count``                    streaming multiprocessors enabled on this product                                yes
+``power_limit_w``               the board's default power limit (TDP), W                                         no
+``boost_clock_mhz``             the maximum SM clock (nvidia-smi's ``clocks.max.sm``), MHz                       no
+``l2_cache_mib``                last-level (L2) cache, MiB = 2^20 bytes (the vendor's "MB")                      no
+``memory_kind``                 device memory: hbm2, hbm2e, hbm3, hbm3e, gddr6, gddr6x, gddr7                    no
+``compute_capability``          CUDA compute capability, "major.minor" (8.0, 8.9, 9.0)                           no
+==============================  ===============================================================================  ========
+
+Where a vendor gives two tensor-core figures for one input type (FP16 or FP8 with FP16 and with
+FP32 accumulate, as GeForce and some workstation sheets do), the FP32-accumulate one is the
+datasheet's: PyTorch's and vLLM's GEMMs accumulate in FP32. A link quoted "bidirectional" or
+"total" (NVLink 900 GB/s, PCIe Gen5 x16 128 GB/s) is written halved (450, 64). The ``hbm_*``
+fields keep their names on GDDR memory (``memory_kind`` says which). :data:`FIELD_NOTES` says
+all this beside each field of a written datasheet (:func:`datasheet_yaml`, and
+:func:`template_yaml`, a new GPU's blank one: ``roofcal gpu template NAME``).
+
+An optional field left out (or left blank) takes the default :data:`OMITTED` gives; reading a
+user's datasheet file warns once per such field, one line naming the file, the field, the default
+and what it changes (:func:`omitted`; the bundled datasheets cite their gaps in ``sources``).
+``display_name`` (default: the name) and ``notes`` change no figure and take no warning.
 
 The two power fields describe a busy GPU, not a burst: under a back-to-back load the board sits
 at its power limit and lowers its SM clock (:mod:`roofcal.physics.power`). Without
@@ -56,6 +70,9 @@ from roofcal.io import read_yaml, sha256_text
 
 SCHEMA = "roofcal-datasheet/1"
 DTYPES = ("bf16", "fp16", "fp8", "int8")
+#: dense peaks a datasheet may give as 0: the GPU has no such tensor cores (the same as leaving
+#: them out, without the warning)
+NONE_AT_ZERO = ("fp8", "int8")
 REQUIRED = ("name", "sources", "dense_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib",
             "interconnect", "interconnect_bandwidth_gbs", "sm_count")
 OPTIONAL = ("schema", "display_name", "aliases", "notes", "power_limit_w", "boost_clock_mhz",
@@ -81,6 +98,62 @@ PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops"
 #: GEMM input dtypes with a dense peak of their own (any other, e.g. 4-bit W4A16, runs at BF16)
 PEAK_FIELD = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops",
               "fp8_block": "fp8_tflops", "int8": "int8_tops"}
+
+#: every key of a datasheet file (the dense peaks as ``dense_tflops.<dtype>``) → (unit, meaning):
+#: the comment beside it in a written datasheet (:func:`datasheet_yaml`, :func:`template_yaml`)
+FIELD_NOTES = {
+    "schema": ("", "the schema of this file"),
+    "name": ("", "identifier used on the command line (letters, digits, _ . -)"),
+    "display_name": ("", "human name (default: the name)"),
+    "aliases": ("", "other names, first the one nvidia-smi reports (a per-op table's device)"),
+    "sources": ("", "citations, one string each: the spec sheet (URL) and the figures it gives"),
+    "dense_tflops": ("", "dense tensor-core peaks by input type: no sparsity; FP32 accumulate "
+                         "where the vendor gives two"),
+    "dense_tflops.bf16": ("1e12 FLOP/s", "dense BF16 peak (TFLOPS)"),
+    "dense_tflops.fp16": ("1e12 FLOP/s", "dense FP16 peak (TFLOPS)"),
+    "dense_tflops.fp8": ("1e12 FLOP/s", "dense FP8 peak (TFLOPS); 0: no FP8 tensor cores"),
+    "dense_tflops.int8": ("1e12 op/s", "dense INT8 peak (TOPS); 0: no INT8 tensor cores"),
+    "hbm_bandwidth_tbs": ("1e12 B/s", "device-memory bandwidth (TB/s), HBM or GDDR alike: 864 GB/s is 0.864"),
+    "hbm_capacity_gib": ("GiB", "device memory, GiB of 2^30 bytes: a vendor's \"80 GB\" of HBM is 80"),
+    "interconnect": ("", "link kind, a label (nvlink3, nvlink4, nvlink5, pcie4, pcie5)"),
+    "interconnect_bandwidth_gbs": ("1e9 B/s", "link bandwidth per GPU (GB/s), ONE direction: half a "
+                                              "\"bidirectional\" or \"total\" figure (NVLink 900 GB/s: "
+                                              "450; PCIe Gen5 x16: 64)"),
+    "sm_count": ("SMs", "streaming multiprocessors enabled on this product (not the full die)"),
+    "power_limit_w": ("W", "the board's default power limit (TDP)"),
+    "boost_clock_mhz": ("MHz", "the maximum SM clock (nvidia-smi's clocks.max.sm)"),
+    "l2_cache_mib": ("MiB", "the L2 cache, MiB of 2^20 bytes (the vendor's \"MB\")"),
+    "memory_kind": ("", "device memory: " + ", ".join(MEMORY_KINDS)),
+    "compute_capability": ("", "CUDA compute capability, \"major.minor\", quoted (\"8.9\")"),
+}
+
+
+def field_note(key: str) -> str:
+    """``unit: meaning`` of a datasheet key (:data:`FIELD_NOTES`), or the meaning alone."""
+    unit, meaning = FIELD_NOTES[key]
+    return f"{unit}: {meaning}" if unit else meaning
+
+
+#: optional keys a datasheet may leave out (or blank) → (what it is taken as, what that changes):
+#: the warning :func:`omitted` gives for each
+OMITTED = {
+    "aliases": ("none", "per-op tables are this GPU's only where their device is its name; give "
+                        "the name nvidia-smi reports as the first alias"),
+    "dense_tflops.fp16": ("the BF16 peak", "FP16 GEMMs run at it"),
+    "dense_tflops.fp8": ("0 (no FP8 tensor cores)", "FP8 GEMMs run at the BF16 peak"),
+    "dense_tflops.int8": ("0 (no INT8 tensor cores)", "INT8 GEMMs run at the BF16 peak"),
+    "power_limit_w": ("0 (unknown)", "no power cap is modelled, so a sustained load (predict "
+                      "--clock sustained, workload saturation, the BLIS export) runs at the boost "
+                      "clock as a burst does"),
+    "boost_clock_mhz": ("0 (unknown)", "a prediction's clock is known only as a share of the "
+                        "maximum (compute_scale; its sm_clock_mhz column is NaN), and a bootstrap "
+                        "scales the warm-L2 saving by SM counts alone"),
+    "l2_cache_mib": ("0 (unknown)", "per-op table rows are priced on a cold L2 (fits, residuals); "
+                     "no step prediction reads it"),
+    "memory_kind": ("unknown", "a bootstrap quotes the zero-shot error measured between any two "
+                    "GPUs, not between GPUs of its memory kind"),
+    "compute_capability": ("unknown", "no prediction reads it yet"),
+}
 
 
 @dataclass(frozen=True)
@@ -217,8 +290,19 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
         if key not in REQUIRED and key not in OPTIONAL:
             raise RoofcalError(f"{path}: unknown field '{key}'")
     for key in REQUIRED:
-        if key not in raw or raw[key] is None:
-            raise RoofcalError(f"{path}: missing field '{key}'")
+        if key not in raw:
+            raise RoofcalError(f"{path}: missing field '{key}' ({field_note(key)})")
+    blank = []                        # in the order of a template (roofcal gpu template)
+    for k in REQUIRED:
+        if raw[k] is None or (k == "sources" and raw[k] == []):
+            blank.append(k)
+        elif k == "dense_tflops" and isinstance(raw[k], dict) and "bf16" in raw[k] and raw[k]["bf16"] is None:
+            blank.append("dense_tflops.bf16")
+    if len(blank) == 1:
+        raise RoofcalError(f"{path}: field '{blank[0]}' is blank ({field_note(blank[0])})")
+    if blank:
+        raise RoofcalError(f"{path}: {len(blank)} required fields are blank: {', '.join(blank)} "
+                           f"(their units: roofcal gpu template NAME)")
     peaks = raw["dense_tflops"]
     if not isinstance(peaks, dict):
         raise RoofcalError(f"{path}: field 'dense_tflops' must map dtype to TFLOP/s")
@@ -228,10 +312,11 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
                                f"roofcal needs dense peaks")
         if key not in DTYPES:
             raise RoofcalError(f"{path}: unknown field 'dense_tflops.{key}' (known: {', '.join(DTYPES)})")
-        if value is not None:
+        if value is not None and not (key in NONE_AT_ZERO and value == 0 and not isinstance(value, bool)):
             _positive(value, path, f"dense_tflops.{key}")
     if peaks.get("bf16") is None:
-        raise RoofcalError(f"{path}: missing field 'dense_tflops.bf16'")
+        what = "field 'dense_tflops.bf16' is blank" if "bf16" in peaks else "missing field 'dense_tflops.bf16'"
+        raise RoofcalError(f"{path}: {what} ({field_note('dense_tflops.bf16')})")
     sources = raw["sources"]
     if isinstance(sources, str):
         sources = [sources]
@@ -257,7 +342,7 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
         l2_cache_mib=_optional_positive(raw, "l2_cache_mib", path),
         memory_kind=_memory_kind(raw.get("memory_kind"), path),
         compute_capability=_compute_capability(raw.get("compute_capability"), path),
-        display_name=str(raw.get("display_name", raw["name"])),
+        display_name=str(raw["name"] if raw.get("display_name") is None else raw["display_name"]),
         sources=tuple(sources),
         aliases=tuple(str(a) for a in raw.get("aliases") or ()),
     )
@@ -304,12 +389,41 @@ def overlay_sustained(path: str | Path) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def omitted(raw: dict) -> list[str]:
+    """The keys of :data:`OMITTED` that a datasheet mapping leaves out or blank, in that order
+    (``aliases``: also an empty list)."""
+    peaks = raw.get("dense_tflops") if isinstance(raw.get("dense_tflops"), dict) else {}
+    out = []
+    for key in OMITTED:
+        value = peaks.get(key.split(".", 1)[1]) if key.startswith("dense_tflops.") else raw.get(key)
+        if value is None or (key == "aliases" and not value):
+            out.append(key)
+    return out
+
+
+def omitted_warning(path, key: str) -> str:
+    """The one line that says an optional ``key`` was left out of datasheet ``path``: its default
+    and what that changes (:data:`OMITTED`)."""
+    default, effect = OMITTED[key]
+    say = " (write 0 where the GPU has none)" if key.split(".")[-1] in NONE_AT_ZERO else ""
+    return f"{path}: optional field '{key}' not given, taken as {default}: {effect}{say}"
+
+
 def read_datasheet(path: str | Path) -> GPUSpec:
-    """Read and validate one datasheet YAML file, or a datasheet overlay (:data:`OVERLAY_SCHEMA`)."""
+    """Read and validate one datasheet YAML file, or a datasheet overlay (:data:`OVERLAY_SCHEMA`).
+    A user's file (not a bundled one) warns once per optional field it leaves out
+    (:func:`omitted_warning`, a :class:`~roofcal.errors.RoofcalWarning`)."""
     raw = read_yaml(path, "datasheet file")
     if isinstance(raw, dict) and raw.get("schema") == OVERLAY_SCHEMA:
         return parse_overlay(raw, path)
-    return parse_datasheet(raw, path)
+    spec = parse_datasheet(raw, path)
+    if Path(path).resolve().parent != Path(__file__).resolve().parent:
+        import warnings
+
+        from roofcal.errors import RoofcalWarning
+        for key in omitted(raw):      # one line each; Python shows a given line once per process
+            warnings.warn(RoofcalWarning(omitted_warning(path, key)), stacklevel=2)
+    return spec
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,15 +439,16 @@ def datasheet_dict(spec: GPUSpec) -> dict:
 
     Derived from :class:`GPUSpec`'s fields, not a list of keys: every field is written under its
     own name, except the dense peaks, which nest under ``dense_tflops`` by dtype (the inverse of
-    :data:`PEAK_FIELD` over :data:`DTYPES`); a field at its default (a peak of 0 = no such tensor
-    cores, no aliases, an optional figure left out) is not written."""
+    :data:`PEAK_FIELD` over :data:`DTYPES`); a field at its default (no aliases, an optional
+    figure left out) is not written, except the peaks of :data:`NONE_AT_ZERO`, written as 0 where
+    the GPU has no such tensor cores (said, not left out)."""
     from dataclasses import MISSING, fields
     nested = {PEAK_FIELD[d]: d for d in DTYPES}
     body: dict = {"schema": SCHEMA}
     for f in fields(GPUSpec):
         value = getattr(spec, f.name)
         if f.name in nested:
-            if value:
+            if value or nested[f.name] in NONE_AT_ZERO:
                 body.setdefault("dense_tflops", {})[nested[f.name]] = value
             continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
@@ -344,32 +459,90 @@ def datasheet_dict(spec: GPUSpec) -> dict:
             **{k: v for k, v in body.items() if k not in FRONT_KEYS}}
 
 
-def schema_lines() -> list[str]:
-    """The field table of this module's docstring (the schema a datasheet follows), line by line."""
-    lines = (__doc__ or "").splitlines()
-    rules = [i for i, ln in enumerate(lines) if ln.startswith("====")]
-    import re
-    rows = [[re.sub(r":\w+:`([^`]*)`", r"\1", c).replace("``", "")
-             for c in re.split(r"\s{2,}", ln.strip())]
-            for ln in (lines[rules[0]:rules[-1] + 1] if len(rules) >= 2 else [])
-            if not ln.startswith("====")]
-    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(max(map(len, rows), default=0))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+def _commented(lines: list[tuple[str, str]]) -> list[str]:
+    """(YAML line, comment) pairs as lines with the comments in one column (none where empty)."""
+    col = max((len(ln) for ln, c in lines if c and len(ln) <= 40), default=0) + 2
+    return [f"{ln.ljust(col)}# {c}".rstrip() if c else ln for ln, c in lines]
 
 
 def datasheet_yaml(spec: GPUSpec, header: str = "") -> str:
-    """:func:`datasheet_dict` as YAML text with the schema as a comment on top and each figure's
-    unit beside it (:data:`NUMERIC_FIELDS`); ``header``: comment lines to put first."""
+    """:func:`datasheet_dict` as YAML text, each field's unit and meaning beside it
+    (:data:`FIELD_NOTES`); ``header``: comment lines to put first."""
     from roofcal.io import yaml_text
-    nested = {d: PEAK_FIELD[d] for d in DTYPES}           # dense_tflops' keys → fields
     text = yaml_text(datasheet_dict(spec), sort_keys=False, allow_unicode=True,
                      default_flow_style=False, width=1 << 20)
     out = [f"# {ln}" if ln else "#" for ln in header.splitlines()]
-    out += [f"# {SCHEMA}: peaks are dense vendor figures (no sparsity); the fields:"]
-    out += [f"#   {ln}" for ln in schema_lines()]
+    out += [f"# {SCHEMA}: every peak dense (no sparsity), every link bandwidth one direction; each "
+            f"field's unit and meaning beside it"]
+    pairs, parent = [], ""
     for line in text.splitlines():
+        if line.startswith("- "):                          # an item of aliases or sources
+            pairs.append((line, ""))
+            continue
         key = line.strip().split(":", 1)[0]
-        field = nested.get(key) if line.startswith(" ") else key
-        unit = UNITS.get(field or "")
-        out.append(f"{line}  # {unit}" if unit and not line.rstrip().endswith(":") else line)
-    return "\n".join(out) + "\n"
+        if not line.startswith(" "):
+            parent = key
+        key = f"{parent}.{key}" if line.startswith(" ") else key
+        pairs.append((line, field_note(key) if key in FIELD_NOTES else ""))
+    return "\n".join(out + _commented(pairs)) + "\n"
+
+
+#: a name :func:`template_yaml` writes as it is (no YAML quoting needed, one word on a command line)
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+
+def _hint(value) -> str:
+    """A reference value as a template's hint shows it: as YAML would read it back (strings that
+    are not plain words quoted, lists in flow style)."""
+    import re
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_hint(v) for v in value) + "]"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:g}"
+    text = str(value)
+    return text if re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", text) else json.dumps(text)
+
+
+def template_yaml(name: str, like: GPUSpec) -> str:
+    """A blank datasheet for a new GPU ``name`` (``roofcal gpu template NAME``): every key of the
+    schema under a comment giving its unit and meaning (:data:`FIELD_NOTES`) and, for an optional
+    one, what a blank takes (:data:`OMITTED`); ``sources`` empty and every figure blank, with the
+    datasheet ``like``'s value beside it only as a hint of scale, marked with that GPU's name.
+    Read as it is, it is refused at its first blank required field; filled in, it reads as any
+    datasheet (a blank optional field: its default, with a warning)."""
+    import re
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        raise RoofcalError(f"gpu template: a GPU name is letters, digits, '_', '.' and '-', got {name!r}")
+    ref = datasheet_dict(like)
+    peaks = ref.get("dense_tflops", {})
+    hint = {k: ref.get(k) for k in FIELD_NOTES} | {f"dense_tflops.{d}": peaks.get(d) for d in DTYPES}
+    no_hint = ("schema", "name", "display_name", "sources", "dense_tflops")
+    lines = [f"# {SCHEMA}: the datasheet of {name}, a new GPU, to fill in from its vendor's spec sheet.",
+             f"# Every figure is blank. Above each field: its unit and meaning; beside it, marked "
+             f"'{like.name}:', that GPU's",
+             f"# value as a hint of scale only (not {name}'s). A blank required field is refused; a "
+             f"blank optional one",
+             "# takes the default named, with a warning. Check the filled file: roofcal gpu show FILE"]
+    keys = ["schema", "name", "display_name", "aliases", "sources", "dense_tflops",
+            *(f"dense_tflops.{d}" for d in DTYPES)]
+    keys += [k for k in FIELD_NOTES if k not in keys]
+    for key in keys:
+        sub = key.startswith("dense_tflops.")
+        leaf = key.split(".", 1)[1] if sub else key
+        value = {"schema": SCHEMA, "name": name, "aliases": "[]", "sources": "[]"}.get(key, "")
+        unit, meaning = FIELD_NOTES[key]
+        if key not in ("schema", "dense_tflops"):
+            need = "required" if key in REQUIRED or key == "dense_tflops.bf16" else "optional"
+            meaning = f"{leaf} ({', '.join(x for x in (need, unit) if x)}): {meaning}"
+            if key in OMITTED:
+                meaning += f"; if blank: {OMITTED[key][0]}"
+            lines.append(f"{'  # ' if sub else '# '}{meaning}")
+        line = f"{'  ' if sub else ''}{leaf}: {value}".rstrip()
+        shown = hint.get(key)
+        if key == "schema" or key == "dense_tflops":
+            lines.append(f"{line}  # {meaning}")
+        elif key not in no_hint and shown not in (None, "", []):
+            lines.append(f"{line.ljust(28)}  # {like.name}: {_hint(shown)}")
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
