@@ -38,6 +38,17 @@ Every predicted row (a whole step, or one per-op row) carries these columns:
 Distances below :data:`TOLERANCE` are 0: a file stores its ranges to 6 significant digits and
 the model reads them back as float32.
 
+The range checked is the range printed (``fitted 1–266``): the stored bounds, in natural units,
+rounded to the nearest whole count (:func:`log2_bounds`; every descriptor but
+:data:`REAL_DESCRIPTORS` counts whole sequences, tokens, heads or bytes). A fit's own bounds are
+measured shapes, whole already; a bootstrap moves them by the SM-count or balance ratio
+(:func:`roofcal.transfer.bootstrap.shifted_range`), to fractions: from the H100 fit to the L40S
+(132 → 142 SMs) prefill attention's lowest ``seqs`` moves from 1 to 1.08, and both the check and
+the line take 1 (a step of one sequence was flagged 0.053 log2 units out under the line ``seqs 1
+(fitted 1–266)``); to the A100 (108 SMs) decode attention's highest ``kv_heads`` moves from 8 to
+7.14, and both take 7. A bound moves by at most half a count: log2((x + 1.5) / (x + 1)) log2
+units at a bound x (0.58 at 0, 0.32 at 1, 0.09 at 7).
+
 Everything here is vectorised over rows: the numbers behind the step flags come from one jitted
 call per deployment (:func:`step_numeric`), beside :func:`~roofcal.model.combine.step_breakdown`,
 so the prediction's hot path is unchanged.
@@ -74,6 +85,9 @@ TOLERANCE = 1e-4
 #: a step's kernel is checked against its fitted range only when it takes at least this share
 #: of the predicted step
 MATERIAL_SHARE = 0.01
+#: descriptors that are real numbers, not counts: their bounds are checked as stored
+#: (:func:`log2_bounds`; the MoE routing skew, an exponent)
+REAL_DESCRIPTORS = frozenset({"skew"})
 #: descriptors that are not looked up where they are: the per-op prefill-attention tables hold
 #: no cached prefix (cached = 0), and the physics maps a chunk over a cached prefix to the uncached
 #: chunk with the same causal pairs (the ``seq_len`` descriptor, see
@@ -96,12 +110,20 @@ def checked(kind: str) -> list[int]:
 
 def log2_bounds(kind: str, p: dict, xp=np) -> tuple:
     """Fitted range of ``kind``'s descriptors as (low, high) arrays in log2(1 + x) units, from the
-    standardized bounds ``p["lo"]``, ``p["hi"]`` (z = (log2(1 + x) − center) / scale); float64
-    with NumPy (``xp``), float32 with jax.numpy."""
+    standardized bounds ``p["lo"]``, ``p["hi"]`` (z = (log2(1 + x) − center) / scale), each count
+    rounded to the nearest whole one (not the :data:`REAL_DESCRIPTORS`): the range a flag prints
+    is the range it checks. Hand check, a bootstrap's 1.076 .. 265.6 sequences: 1 .. 266, i.e.
+    log2 units 1 .. log2(267) = 8.0606.
+    float64 with NumPy (``xp``), float32 with jax.numpy."""
     k = K.OP_KINDS[kind]
     f = np.float64 if xp is np else jnp.float32
     c, s = xp.asarray(k.center, f), xp.asarray(k.scale, f)
-    return xp.asarray(p["lo"], f) * s + c, xp.asarray(p["hi"], f) * s + c
+    low, high = xp.asarray(p["lo"], f) * s + c, xp.asarray(p["hi"], f) * s + c
+    whole = xp.asarray([d not in REAL_DESCRIPTORS for d in k.descriptors])
+    n_low = xp.maximum(xp.round(xp.exp2(low) - 1.0), 0.0)
+    n_high = xp.maximum(xp.round(xp.exp2(high) - 1.0), n_low)
+    return (xp.where(whole, xp.log2(1.0 + n_low), low).astype(f),
+            xp.where(whole, xp.log2(1.0 + n_high), high).astype(f))
 
 
 def distance(u, low, high, xp=np):
@@ -152,6 +174,12 @@ def _natural(u) -> np.ndarray:
     return np.exp2(np.asarray(u, np.float64)) - 1.0
 
 
+def _count(x: float) -> str:
+    """A descriptor's value as a detail prints it: whole with thousands separators, else to two
+    decimals (a fraction is never printed as the whole count it is outside of)."""
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.2f}"
+
+
 def _details(d, descriptors, j, u, low, high) -> np.ndarray:
     """``<descriptor> <value> (fitted <low>–<high>)`` per row with d > 0, in natural units; each
     distinct text is formatted once (a million out-of-domain steps share a few thousand)."""
@@ -159,10 +187,10 @@ def _details(d, descriptors, j, u, low, high) -> np.ndarray:
     rows = np.flatnonzero(np.asarray(d) > 0)
     if not len(rows):
         return out
-    key = np.stack([np.asarray(j, np.float64)[rows], np.round(_natural(np.asarray(u)[rows])),
-                    np.round(_natural(np.asarray(low)[rows])), np.round(_natural(np.asarray(high)[rows]))], 1)
+    key = np.stack([np.asarray(j, np.float64)[rows], np.round(_natural(np.asarray(u)[rows]), 2),
+                    np.round(_natural(np.asarray(low)[rows]), 2), np.round(_natural(np.asarray(high)[rows]), 2)], 1)
     uniq, inverse = unique_rows(key)
-    texts = np.array([f"{descriptors[int(jj)]} {x:,.0f} (fitted {lo_:,.0f}–{hi_:,.0f})"
+    texts = np.array([f"{descriptors[int(jj)]} {_count(x)} (fitted {_count(lo_)}–{_count(hi_)})"
                       for jj, x, lo_, hi_ in uniq], object)
     out[rows] = texts[np.ravel(inverse)]
     return out

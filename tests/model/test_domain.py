@@ -254,3 +254,35 @@ def test_roofline_only_predict_says_what_it_is(tmp_path, capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "2 steps not checked against a fitted domain: no fitted data (neutral roofline defaults, no --coeffs)"
     assert "inside the fitted domain" not in lines[1]
+
+
+def test_a_step_inside_the_printed_range_is_not_flagged_on_a_bootstrapped_gpu():
+    """The range a flag checks is the range it prints. From the H100 fit (132 SMs, prefill
+    ``seqs`` fitted 1–256, decode ``kv_heads`` 1–8) the ``sm`` rule scales each CTA-grid descriptor
+    by sqrt(SM_ref/SM_new): on the L40S (142 SMs) seqs 1 reads the H100 at 1 → 2·sqrt(142/132) − 1
+    = 1.0744 and 256 at 257·sqrt(142/132) − 1 = 265.56, printed (and checked) as 1–266; on the A100
+    (108 SMs) kv_heads 8 moves to 9·sqrt(108/132) − 1 = 7.14, checked and printed as 7."""
+    from roofcal.model import correction as K
+    ref = coeff_io.load(H100_FILE, "h100_sxm")
+    L40S = load_gpu("l40s")
+    for new, kind, desc, stored, whole in ((L40S, "attn_prefill", "seqs", (1.0744, 265.557), (1, 266)),
+                                           (A100, "attn_decode", "kv_heads", (0.8091, 7.1408), (1, 7))):
+        _, p = K.lookup(bootstrap(ref, H100, new).params["ops"], kind, "bf16")
+        k = K.OP_KINDS[kind]
+        j = k.descriptors.index(desc)
+        u = lambda b: float(np.asarray(p[b], np.float64)[j] * k.scale[j] + k.center[j])
+        assert (2 ** u("lo") - 1, 2 ** u("hi") - 1) == pytest.approx(stored, abs=2e-4)
+        low, high = domain.log2_bounds(kind, p)
+        assert (2 ** low[j] - 1, 2 ** high[j] - 1) == pytest.approx(whole, abs=1e-9)
+        # every whole value of the printed range is inside; one past it is flagged
+        inside = np.log2(1.0 + np.arange(whole[0], whole[1] + 1.0))[:, None]
+        assert not domain.excess(inside, low[j:j + 1], high[j:j + 1]).any()
+        assert domain.excess(np.log2([[2.0 + whole[1]]]), low[j:j + 1], high[j:j + 1])[0, 0] > 0
+    # the step the README's new-GPU section predicts: one 2,048-token prefill, on the L40S bootstrap,
+    # and the same file's flag of a value outside (llama-2-7b's 32 KV heads) prints what it checks
+    boot = bootstrap(ref, H100, L40S)
+    one = predict([Step(prefill=((2048, 0),))], coeffs=boot, model="llama-3.1-70b-instruct", gpu="l40s", tp=4)
+    assert one[["ood_shape", "ood_what", "ood_detail"]].values.tolist() == [[0.0, "", ""]]
+    out = predict([Step(decode=(512, 1024))], coeffs=boot, model="llama-2-7b-hf", gpu="l40s", tp=1)
+    assert out.ood_detail.tolist() == ["kv_heads 32 (fitted 1–8)"]
+    assert out.ood_shape.tolist() == pytest.approx([math.log2(33 / 9)], abs=1e-5)     # log2(1+32) − log2(1+8)
