@@ -1,26 +1,30 @@
-"""``roofcal gpu list|show|bootstrap`` and ``roofcal whatif``: GPUs known by their datasheets.
+"""``roofcal gpu list|show|template|bootstrap`` and ``roofcal whatif``: GPUs known by their datasheets.
 
 * ``gpu list``: every bundled datasheet (dense peaks, bandwidths, SMs, balance point) and its
   sources.
 * ``gpu show NAME|FILE.yaml``: one datasheet in full; a file is validated (missing fields and
-  sparsity figures are refused with the field named). ``--yaml [--out FILE]``: the datasheet as
-  the YAML file every ``--gpu`` / ``--datasheet`` reads back to the same GPU — a new GPU's
-  starting point (:func:`roofcal.physics.hardware.datasheet.datasheet_yaml`).
+  sparsity figures are refused with the field named; each optional field it leaves out is named
+  on stderr with the default it takes). ``--yaml [--out FILE]``: the datasheet as the YAML file
+  every ``--gpu`` / ``--datasheet`` reads back to the same GPU, each field's unit and meaning
+  beside it (:func:`roofcal.physics.hardware.datasheet.datasheet_yaml`).
+* ``gpu template NAME [--like REF] [--out FILE]``: a new GPU's blank datasheet: its name, empty
+  ``sources``, every figure blank with its unit and meaning, REF's value beside it as a marked
+  hint (:func:`roofcal.physics.hardware.datasheet.template_yaml`).
 * ``gpu bootstrap --datasheet NAME|FILE.yaml --from REF.yaml --out NEW.yaml``: zero-shot
-  coefficients for a new GPU (:mod:`roofcal.bootstrap`), marked ``calibrated: false``.
+  coefficients for a new GPU (:mod:`roofcal.transfer.bootstrap`), marked ``calibrated: false``.
 * ``whatif --steps S --set field=value ...``: step times before and after a datasheet change and
-  the elasticity of each phase's time to every field (:mod:`roofcal.whatif`).
+  the elasticity of each phase's time to every field (:mod:`roofcal.transfer.whatif`).
 """
 
 from __future__ import annotations
 
-#: SI prefixes of the units in :data:`roofcal.hardware.NUMERIC_FIELDS`
+#: SI prefixes of the units in :data:`roofcal.physics.hardware.NUMERIC_FIELDS`
 PREFIXES = {"1e12 ": "T", "1e9 ": "G"}
 
 
 def shown_fields() -> dict:
     """{field: unit} of the numbers ``gpu show`` prints: the datasheet's numeric fields
-    (:data:`roofcal.hardware.NUMERIC_FIELDS`), units with SI prefixes (``1e12 B/s`` → ``TB/s``)."""
+    (:data:`roofcal.physics.hardware.NUMERIC_FIELDS`), units with SI prefixes (``1e12 B/s`` → ``TB/s``)."""
     from roofcal.physics.hardware import NUMERIC_FIELDS
     out = {}
     for f, unit in NUMERIC_FIELDS.items():
@@ -52,16 +56,26 @@ def list_text() -> str:
     return "\n".join(lines)
 
 
+#: GPUSpec field → the datasheet key of :data:`~roofcal.physics.hardware.datasheet.OMITTED` that
+#: says what its absence (0) means
+ABSENT_KEY = {"fp16_tflops": "dense_tflops.fp16", "fp8_tflops": "dense_tflops.fp8",
+              "int8_tops": "dense_tflops.int8", "power_limit_w": "power_limit_w",
+              "boost_clock_mhz": "boost_clock_mhz"}
+
+
 def show_text(name: str) -> str:
-    """``roofcal gpu show``: every field of one datasheet, with units and sources."""
+    """``roofcal gpu show``: every field of one datasheet, with units and sources; a field it
+    leaves out (0) says what it is taken as and what that changes."""
     from roofcal.physics.hardware import load_gpu
+    from roofcal.physics.hardware.datasheet import OMITTED
     g = load_gpu(name)
     lines = [f"{g.name}: {g.display_name}"]
     if g.aliases:
         lines.append(f"  aliases: {', '.join(g.aliases)}")
     for f, unit in shown_fields().items():
         v = getattr(g, f)
-        shown = f"{v:g} {unit}" if v else "- (absent: runs at the BF16 peak)"
+        default, effect = OMITTED.get(ABSENT_KEY.get(f, ""), ("0", ""))
+        shown = f"{v:g} {unit}" if v else f"- (absent: {effect})" if effect else "-"
         lines.append(f"  {f}: {shown}")
     lines.append(f"  interconnect: {g.interconnect} (link bandwidth per GPU, one direction)")
     lines.append(f"  balance point (BF16 / HBM): {g.balance_flops_per_byte:.1f} FLOP/byte")
@@ -93,9 +107,21 @@ def yaml_text(name: str) -> str:
     g = load_gpu(name)
     return datasheet_yaml(g, header=(
         f"The {g.name} datasheet as roofcal reads it (roofcal gpu show {name} --yaml).\n"
-        "For a new GPU: give it a new name, drop the aliases, replace every figure and the sources\n"
-        "with its spec sheet's, then: roofcal gpu bootstrap --datasheet THIS_FILE --from "
-        "coeffs/h100_sxm.yaml --out NEW.yaml"))
+        f"A new GPU's blank datasheet, these figures as hints: roofcal gpu template NAME --like {g.name}"))
+
+
+def template_text(name: str, like: str) -> str:
+    """``roofcal gpu template NAME --like REF``: a new GPU's blank datasheet
+    (:func:`roofcal.physics.hardware.datasheet.template_yaml`), REF's figures as hints; refused
+    for a name a bundled datasheet answers to (``gpu show NAME --yaml`` writes that one)."""
+    from roofcal.errors import RoofcalError
+    from roofcal.physics.hardware import bundled_gpus, gpu_key, load_gpu
+    from roofcal.physics.hardware.datasheet import template_yaml
+    for g in bundled_gpus():
+        if gpu_key(name) in {gpu_key(g.name), *map(gpu_key, g.aliases)}:
+            raise RoofcalError(f"gpu template: {name!r} names the bundled datasheet {g.name}; give "
+                               f"the new GPU a name of its own (roofcal gpu show {g.name} --yaml: that one)")
+    return template_yaml(name, load_gpu(like))
 
 
 def gpu_argument(name: str) -> str:
@@ -142,8 +168,26 @@ def cmd_gpu_show(a) -> None:
 
     from roofcal.io import write_text_atomic
     write_text_atomic(a.out, text)
-    print(f"wrote {a.out} ({len(text.encode()):,} bytes): the {gpu_argument(a.name)} datasheet; for a new "
-          f"GPU edit its name, figures and sources, then")
+    name = gpu_argument(a.name)
+    print(f"wrote {a.out} ({len(text.encode()):,} bytes): the {name} datasheet (a new GPU's blank one, "
+          f"these figures as hints: roofcal gpu template NAME --like {name}); its coefficients from "
+          f"the H100 fit:")
+    print(f"  roofcal gpu bootstrap --datasheet {shlex.quote(a.out)} --from "
+          f"{shlex.quote(reference_coeffs())} --out NEW.yaml")
+
+
+def cmd_gpu_template(a) -> None:
+    text = template_text(a.name, a.like)
+    if not a.out:
+        print(text, end="")
+        return
+    import shlex
+
+    from roofcal.io import write_text_atomic
+    write_text_atomic(a.out, text)
+    print(f"wrote {a.out}: a blank datasheet for {a.name}; fill in its figures and sources from the "
+          f"spec sheet, check it, then bootstrap coefficients:")
+    print(f"  roofcal gpu show {shlex.quote(a.out)}")
     print(f"  roofcal gpu bootstrap --datasheet {shlex.quote(a.out)} --from "
           f"{shlex.quote(reference_coeffs())} --out NEW.yaml")
 
@@ -201,20 +245,29 @@ def cmd_whatif(a) -> None:
 
 
 def register(sub) -> None:
-    """Add ``gpu`` (list, show, bootstrap, transfer-bands) and ``whatif`` to the ``roofcal`` subcommands."""
+    """Add ``gpu`` (list, show, template, bootstrap, transfer-bands) and ``whatif`` to the ``roofcal`` subcommands."""
     from roofcal.transfer import DEFAULT_RULE, RULES
-    g = sub.add_parser("gpu", help="GPU datasheets: list, show, bootstrap coefficients")
+    g = sub.add_parser("gpu", help="GPU datasheets: list, show, a new GPU's template, bootstrap coefficients")
     gs = g.add_subparsers(dest="gpu_command", required=True)
     s = gs.add_parser("list", help="bundled datasheets with their sources")
     s.set_defaults(func=cmd_gpu_list)
-    s = gs.add_parser("show", help="one datasheet in full (bundled name, alias or .yaml path); "
-                                   "--yaml: as a datasheet file, the template of a new GPU's")
+    s = gs.add_parser("show", help="one datasheet in full (bundled name, alias or .yaml path), a "
+                                   "file checked (a missing optional field: a warning naming its "
+                                   "default); --yaml: as a datasheet file, units beside each field")
     s.add_argument("name")
     s.add_argument("--yaml", action="store_true",
                    help="print the datasheet as the YAML file roofcal reads (every --gpu and "
                         "--datasheet accepts it)")
     s.add_argument("--out", metavar="FILE", help="with --yaml: write it to FILE instead")
     s.set_defaults(func=cmd_gpu_show, outputs=[("out", "file", "datasheet file (--out)")])
+    s = gs.add_parser("template", help="a new GPU's blank datasheet: its name, empty sources, each "
+                                       "field's unit and meaning, a bundled GPU's values as hints")
+    s.add_argument("name", help="the new GPU's name (letters, digits, _ . -)")
+    s.add_argument("--like", default="h100_sxm", metavar="REF",
+                   help="bundled GPU (or datasheet) whose values the comments give as hints of "
+                        "scale (default h100_sxm)")
+    s.add_argument("--out", metavar="FILE", help="write it to FILE instead of printing it")
+    s.set_defaults(func=cmd_gpu_template, outputs=[("out", "file", "datasheet template (--out)")])
     s = gs.add_parser("bootstrap", help="zero-shot coefficients for a GPU from its datasheet")
     s.add_argument("--datasheet", required=True, help="new GPU: bundled name or datasheet .yaml")
     s.add_argument("--from", dest="from_", required=True, help="reference coefficient file")

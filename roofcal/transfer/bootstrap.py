@@ -9,7 +9,7 @@ and the kernel-group scales of the serving stack).
 The efficiency surfaces are functions of kernel *shape*. A transfer rule says at which shape of
 the reference GPU a kernel of the new GPU should read its efficiency: ``eff_new(x) =
 eff_ref(x · 2^Δ)`` with a log2 shift Δ per shape descriptor. In the standardized log-shape ``z``
-of :mod:`roofcal.correction` this is the exact re-expansion of each surface polynomial,
+of :mod:`roofcal.model.correction` this is the exact re-expansion of each surface polynomial,
 ``P'(u) = P(u + Δ/scale)``, with the clamp range moved by ``−Δ/scale``, so a bootstrapped file is an
 ordinary coefficient file. Rules (``r`` = reference GPU, ``n`` = new GPU; balance ``B`` = peak /
 HBM bandwidth of the kernel's dtype in FLOP/byte):
@@ -91,7 +91,7 @@ WORK = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "seqs"), "attn_decode": ("s
 
 
 # --------------------------------------------------------------------------------------------
-# shifts (generic over floats and traced jax scalars, so roofcal.whatif differentiates them)
+# shifts (generic over floats and traced jax scalars, so roofcal.transfer.whatif differentiates them)
 
 def _onehot(kind: str, names, value):
     """A shift vector (descriptors,) with ``value`` on each descriptor in ``names``."""
@@ -124,9 +124,9 @@ def shifts(rule: str, kind: str, ref: tuple, new: tuple):
 
 def op_rates(gpu: GPUSpec, kind: str, variant: str, theta: dict | None = None) -> tuple:
     """(peak FLOP/µs, bytes/µs, SMs) that bound a kernel on ``gpu`` (fields
-    :func:`roofcal.model.op_rate_fields`).
+    :func:`roofcal.model.combine.op_rate_fields`).
 
-    ``theta`` ({datasheet field: number}, e.g. traced by :mod:`roofcal.whatif`) replaces the
+    ``theta`` ({datasheet field: number}, e.g. traced by :mod:`roofcal.transfer.whatif`) replaces the
     datasheet's numbers; ``gpu`` still decides which fields apply.
     """
     peak, bw = op_rate_fields(gpu, kind, variant)
@@ -155,7 +155,7 @@ def shifted_range(kind: str, lo, hi, dc, dm, xp=np) -> tuple:
     shift. No shape lies below shape 0, and a file cannot hold a range below it, so a lower bound
     below it is raised to it (nothing changes); where the whole range moves below it, every shape
     reads the reference at its upper bound, and the shifts are reduced so that the file does
-    exactly that. Generic over numpy (:func:`shift_op`) and traced jax (:mod:`roofcal.whatif`)."""
+    exactly that. Generic over numpy (:func:`shift_op`) and traced jax (:mod:`roofcal.transfer.whatif`)."""
     scale = np.asarray(K.OP_KINDS[kind].scale, np.float64)
     floor = np.asarray(shape_zero(kind), np.float64)
     zc, zm = dc / scale, dm / scale
@@ -182,7 +182,7 @@ def _expansion(n_desc: int, degree: int):
 
 def shift_polynomial(w, dz) -> np.ndarray:
     """Coefficients (terms,) of u ↦ P(u + dz) for a full polynomial ``w`` over len(dz) variables
-    (terms in :func:`roofcal.correction.exponents` order); float64."""
+    (terms in :func:`roofcal.model.correction.exponents` order); float64."""
     w, dz = np.asarray(w, np.float64), np.asarray(dz, np.float64)
     out = np.zeros_like(w)
     for tgt, src, coef, powers in _expansion(len(dz), K.degree_of(len(dz), len(w))):

@@ -83,3 +83,44 @@ def test_hints_name_the_gpu_as_a_later_command_can(given, named, tmp_path, monke
     from roofcal.cli.gpu import gpu_argument
     monkeypatch.chdir(tmp_path)
     assert gpu_argument(given) == named
+
+
+def test_gpu_template_names_the_new_gpu_and_its_next_commands(tmp_path, monkeypatch, capsys):
+    """``roofcal gpu template my_gpu --like l40s --out F``: a blank datasheet of my_gpu, the
+    L40S's figures as marked hints; ``gpu show F`` refuses it in one line until it is filled; a
+    bundled GPU's name is refused."""
+    from roofcal.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    out = run(["gpu", "template", "my_gpu", "--like", "l40s", "--out", "my_gpu.yaml"], capsys)
+    assert [h[:2] for h in printed_commands(out)] == [["gpu", "show"], ["gpu", "bootstrap"]], out
+    text = (tmp_path / "my_gpu.yaml").read_text(encoding="utf-8")
+    assert "name: my_gpu\n" in text and "sources: []\n" in text and "The l40s datasheet" not in text
+    assert "hbm_bandwidth_tbs:            # l40s: 0.864" in text
+    assert "memory_kind:                  # l40s: gddr6" in text
+    assert main(["gpu", "show", "my_gpu.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "my_gpu.yaml: 7 required fields are blank: sources, " in err
+    assert main(["gpu", "template", "l40s"]) == 2
+    assert "names the bundled datasheet l40s" in capsys.readouterr().err
+
+
+def test_gpu_show_warns_once_per_optional_field_left_out(tmp_path, monkeypatch, capsys):
+    """A user's datasheet without boost clock and L2: ``gpu show`` prints it, and on stderr one
+    line per field left out, its default and what it changes."""
+    import warnings
+
+    from roofcal.cli.main import main
+    from roofcal.physics.hardware import datasheet_dict, load_gpu
+    from roofcal.io import yaml_text
+    monkeypatch.chdir(tmp_path)
+    d = datasheet_dict(load_gpu("l40s").replace(name="my_l40s", boost_clock_mhz=0.0, l2_cache_mib=0.0))
+    (tmp_path / "my.yaml").write_text(yaml_text(d, sort_keys=False), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["gpu", "show", "my.yaml"]) == 0
+    out, err = capsys.readouterr()
+    assert "boost_clock_mhz: - (absent: a prediction's clock is known only as a share" in out
+    lines = err.splitlines()
+    assert [ln.split("'")[1] for ln in lines] == ["boost_clock_mhz", "l2_cache_mib"], err
+    assert lines[0].startswith("roofcal: warning: my.yaml: optional field 'boost_clock_mhz' not given, "
+                               "taken as 0 (unknown): ")
