@@ -124,3 +124,29 @@ def test_gpu_show_warns_once_per_optional_field_left_out(tmp_path, monkeypatch, 
     assert [ln.split("'")[1] for ln in lines] == ["boost_clock_mhz", "l2_cache_mib"], err
     assert lines[0].startswith("roofcal: warning: my.yaml: optional field 'boost_clock_mhz' not given, "
                                "taken as 0 (unknown): ")
+
+
+def test_readme_new_gpu_prediction_is_inside_the_fitted_domain():
+    """The README's new-GPU prediction (its model and TP, the steps its 'Predict' section writes)
+    on the A100 bootstrapped from the H100 fit: every step inside the fitted domain, as the README
+    says (llama-2-7b's 32 KV heads, beyond the fitted 1–8, and its 4,096-token limit were not)."""
+    import json
+
+    from roofcal.model import coeffs as coeff_io
+    from roofcal.model.predict import predict
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.physics.steps import Step
+    from roofcal.transfer.bootstrap import bootstrap
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    steps = re.search(r"cat > steps.jsonl <<'EOF'\n(.*?)\nEOF", readme, re.S).group(1).splitlines()
+    section = readme[readme.index("## A new GPU"):]
+    argv = shlex.split(re.search(r"^(roofcal predict --gpu my_gpu.yaml .*?)$",
+                                 section.replace("\\\n", " "), re.M).group(1))
+    model, tp = argv[argv.index("--model") + 1], int(argv[argv.index("--tp") + 1])
+    assert "all 3 steps inside the fitted domain; 3 zero-shot" in section and len(steps) == 3
+    boot = bootstrap(coeff_io.load(ROOT / "coeffs" / "h100_sxm.yaml", "h100_sxm"), load_gpu("h100_sxm"),
+                     load_gpu("a100_sxm"))
+    batch = [Step(prefill=tuple(map(tuple, s["prefill"])), decode=tuple(s["decode"]))
+             for s in map(json.loads, steps)]
+    df = predict(batch, coeffs=boot, model=model, gpu="a100_sxm", tp=tp)
+    assert df.ood_shape.tolist() == [0.0] * 3 and not df.ood_context.any() and df.zero_shot.all()
