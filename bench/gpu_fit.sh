@@ -4,7 +4,7 @@
 # the GPU with XLA's command buffers for while loops; each fit's held-out errors side by side, and
 # whether two warm runs wrote the same bytes. Give it fresh cache folders (/tmp/cache_*).
 # Run from the project's root on a machine with a CUDA GPU and jax[cuda]: bench/gpu_fit.sh
-# Writes logs and coefficient files under $OUT (default /tmp/gpu_fit). Measured: docs/limits.md.
+# Writes logs and coefficient files under $OUT (default /tmp/gpu_fit). Measured: docs/limits.md#fit-speed.
 set -u
 OUT=${OUT:-/tmp/gpu_fit}
 mkdir -p "$OUT/o"
@@ -27,8 +27,8 @@ echo "cores: $(nproc)"
 python3 -c "import jax, optax; print('jax', jax.__version__, 'optax', optax.__version__, jax.devices())"
 
 # roofcal runs JAX on the CPU unless told otherwise, and asks for deterministic GPU programs
-# (cli.main.jax_defaults); the first measurement (docs/limits.md) was taken before that, as with
-# XLA_FLAGS=--xla_gpu_deterministic_ops=false
+# (cli.main.jax_defaults); the measurement in docs/limits.md#fit-speed compares both, the
+# non-deterministic one as XLA_FLAGS=--xla_gpu_deterministic_ops=false
 gpu() { JAX_PLATFORMS=cuda ROOFCAL_CACHE=/tmp/cache_gpu "$@"; }
 cpu() { JAX_PLATFORMS=cpu ROOFCAL_CACHE=/tmp/cache_cpu "$@"; }
 two() { JAX_PLATFORMS=cpu ROOFCAL_CACHE=/tmp/cache_cpu taskset -c 0,1 "$@"; }
@@ -48,7 +48,7 @@ timed cpu2_few_warm two "${FIT[@]}" "${FEW[@]}" --out "$OUT/o/cpu2_few.yaml"
 
 # Last, as it may be refused: XLA's command buffers (CUDA graphs) for whole while loops, so that an
 # L-BFGS block runs as one graph launch instead of one launch per fusion and one read-back of the
-# loop's condition per turn (the GPU's ≈ 0.4 ms an iteration, docs/fit-speed-log.md)
+# loop's condition per turn (the GPU's ≈ 0.4 ms an iteration, docs/limits.md#fit-speed)
 CMDBUF="--xla_gpu_deterministic_ops=true --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 graphs() { JAX_PLATFORMS=cuda XLA_FLAGS="$CMDBUF" ROOFCAL_CACHE=/tmp/cache_graphs "$@"; }
 timed graphs_cold   graphs "${FIT[@]}" --out "$OUT/o/graphs_cold.yaml"

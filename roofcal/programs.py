@@ -3,7 +3,7 @@
 JAX's persistent cache (:func:`roofcal.cli.main.enable_compilation_cache`) keys a program by its
 lowered text, so every process still traces and lowers a program before the cache hands back its
 code: in a warm ``roofcal fit``, 59 programs took 2.3 s of CPU that way (the 8 L-BFGS programs 1.1
-s) and 1.2 s to load (docs/fit-speed-log.md). A function decorated with :func:`stored` is
+s) and 1.2 s to load (docs/limits.md#fit-speed). A function decorated with :func:`stored` is
 keyed instead by what its trace depends on — roofcal's source, the versions of Python, JAX,
 jaxlib, optax and NumPy, JAX's settings, ``$XLA_FLAGS``, the backend and the host's CPU, the
 function, its static arguments, and the structure, shapes and dtypes of the others — and its
@@ -90,7 +90,7 @@ JIT = "jit"
 #: 0.12–0.26, and runs no slower (a MoE block of 4,096 rows: 1.5 ms, not 2.7). The L-BFGS loops
 #: are left at the default: compiled in 0.47–0.63 s rather than 0.63–1.10, they run 8–43 % slower
 #: an iteration, and run thousands of iterations.
-#: Floats may differ from the default program's in the last bit (docs/fit-speed-log.md).
+#: Floats may differ from the default program's in the last bit.
 LIGHT = {"xla_cpu_use_fusion_emitters": False}
 
 #: XLA's options for a program compiled for its compile time (``stored(…, options=FAST_COMPILE)``):

@@ -99,9 +99,9 @@ KERNEL_TOL = 1e-4
 
 #: training rows up to which a warm-started kernel fit (a few-shot refit from ``--prior``: one
 #: stage, from near its optimum) runs L-BFGS compiled for compile time (``programs.FAST_COMPILE``):
-#: the first few-shot fit of 7 A100 kernels on 50 rows each spent most of its 7.0 s compiling 5
-#: L-BFGS programs, and now takes 4.1 s; later runs take 0.1 s more (1.4 → 1.5 s), where without
-#: the cap a fit of up to 7,392 rows a kernel took 1.0 s more (docs/fit-speed-log.md)
+#: a first few-shot fit of 7 A100 kernels on 50 rows each takes 4.1 s with it, 7.0 s without (most
+#: of it compiling 5 L-BFGS programs); later runs take 0.1 s more (1.5 against 1.4 s), where
+#: without the cap a fit of up to 7,392 rows a kernel takes 1.0 s more (docs/limits.md#fit-speed)
 QUICK_FIT_ROWS = 1_000
 
 #: prior strength (pseudo-rows) of a few-shot refit (``roofcal fit --prior``) on its parameters:

@@ -141,7 +141,7 @@ def _lbfgs_block(loss_fn, search, fails, data, length):
     the loop); this program holds it once and compiles in 30–40 % less CPU time (1.0–1.4 s
     instead of 1.5–2.2 s). Same steps as optax.lbfgs, up to float rounding (values from
     ``jax.value_and_grad`` rather than ``jax.linearize``) — which, on the kernel fits'
-    non-convex surfaces, leads some stages to other local minima (docs/fit-speed-log.md)."""
+    non-convex surfaces, leads some stages to other local minima (docs/accuracy.md#kernels)."""
     lbfgs = optax.scale_by_lbfgs(memory_size=MEMORY)
     value_and_grad = jax.value_and_grad(loss_fn)
 

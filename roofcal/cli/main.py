@@ -165,8 +165,8 @@ def jax_defaults(environ=None) -> None:
     GPU runs no faster than its host: on an H200 machine with 16 cores ``roofcal fit`` took 39–41 s
     warm and 78 s cold on the GPU, 20–21 s and 27 s on the CPU. There, two GPU fits of one input
     wrote different files; with ``--xla_gpu_deterministic_ops=true`` they wrote the same (and took
-    32 s warm, 57 s cold). The CPU ignores that flag (same bytes). Measured: docs/fit-speed-log.md
-    (2026-11-28). JAX reads both variables when it starts, so :func:`main` sets them only in a process
+    32 s warm, 57 s cold). The CPU ignores that flag (same bytes). Measured: docs/limits.md#fit-speed.
+    JAX reads both variables when it starts, so :func:`main` sets them only in a process
     that has not imported JAX yet.
 
     ``environ``: the mapping to set (default ``os.environ``)."""

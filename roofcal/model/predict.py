@@ -283,7 +283,7 @@ def in_blocks(fn, n: int, tree, fill: float = 1.0):
     last bit otherwise: 2 of the H100 tables' 262,992 ideal memory times at 2,048 against 4,096).
     Blocks keep the temporaries small and reused (the MoE routing sums: 4,096 rows × 512
     experts); whole groups of up to 65,536 rows took fresh memory at every call (a warm
-    ``roofcal fit``: 563,000 page faults, 227,000 in blocks; docs/fit-speed-log.md)."""
+    ``roofcal fit``: 563,000 page faults, 227,000 in blocks; docs/limits.md#fit-speed)."""
     size = op_rows(n)
     total = -(-max(n, 1) // size) * size
     grown = jax.tree_util.tree_map(
