@@ -1,4 +1,4 @@
-"""Export to BLIS (issue 4): goldens check, realistic sampler, BLIS-form fitting, defaults.yaml line
+"""Export to BLIS: goldens check, realistic sampler, BLIS-form fitting, defaults.yaml line
 surgery, BLIS-form files, hardware entries, and a refusal for every invalid input."""
 
 from __future__ import annotations
