@@ -134,7 +134,8 @@ def kernel_regimes(op: str, df: pd.DataFrame, idx: np.ndarray) -> dict:
     batch = {"gemm": col("m"), "attn_prefill": col("batch"), "attn_decode": col("batch"),
              "moe": col("tokens")}.get(op, nan)
     context = {"attn_prefill": col("seq") + col("cached"), "attn_decode": col("context")}.get(op, nan)
-    tp = {"moe": col("tp"), "allreduce": col("num_gpus")}.get(op, nan)
+    tp = {"moe": col("tp"), "allreduce": col("num_gpus")}.get(op, nan)   # (the other collectives
+    # are a data- or expert-parallel group's, not TP's)
     phase = {"attn_prefill": "prefill", "attn_decode": "decode"}.get(op)
     return {"phase": np.full(len(idx), phase, dtype=object), "batch": batch, "context": context,
             "tp": tp}

@@ -11,6 +11,9 @@ op                 shape columns                                                
 ``attn_prefill``   batch, seq, cached, heads, kv_heads, head_dim (heads per GPU)   KV-cache dtype: bf16, fp8
 ``attn_decode``    batch, context, heads, kv_heads, head_dim                       KV-cache dtype
 ``allreduce``      num_gpus, bytes (message per GPU)                               implementation: custom, custom_eager, nccl
+``allgather``,     num_gpus, bytes (the whole buffer, as nccl-tests sizes it)     ``nccl``
+``reducescatter``,
+``alltoall``
 ``moe``            tokens, hidden, inter, topk, experts, tp, ep (optional skew)    weight dtype: bf16, fp8, fp8_block, int4
 =================  ==============================================================  ============
 
@@ -57,6 +60,10 @@ from roofcal.physics.kernels import ALL_SHAPES, DTYPES, SHAPE_COLUMNS
 #: memory-bound H100 timings (power-law time / balanced time × min(E, T·k)) at T = 16…160 tokens
 #: (256 experts, top-8) lie between the model's curves for 0.3α and 0.7α.
 POWER_LAW_EXPONENT = 0.5
+#: nccl-tests' collective names → roofcal's kernel kinds (``message_size``: the whole buffer in
+#: elements, :func:`roofcal.physics.components.comm.collective`)
+NCCL_OPS = {"all_reduce": "allreduce", "all_gather": "allgather",
+            "reduce_scatter": "reducescatter", "alltoall": "alltoall"}
 
 # aiconfigurator's names → ours (MXFP4 left out: see the module docstring)
 _DTYPE = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "int4_wo": "int4"}
@@ -159,12 +166,13 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
                "num_gpus": column("num_gpus"), "bytes": column("message_size") * 2.0}   # bf16 elements
     elif {"message_size", "nccl_dtype"} <= cols:
         raw_dtype = None
-        for op in sorted(set(df["op_name"].unique()) - {"all_reduce"}):
-            left[f"NCCL {op} (roofcal prices the all-reduce)"] = column("op_name") == op
+        ops = df["op_name"].map(NCCL_OPS)
+        for op in sorted(set(df["op_name"][ops.isna()].astype(str))):
+            left[f"NCCL {op} (not priced)"] = (column("op_name") == op)
         for dt in sorted(set(df["nccl_dtype"].unique()) - {"half"}):
-            left[f"NCCL all_reduce of {dt} (the bf16 rows are read)"] = \
-                (column("op_name") == "all_reduce") & (column("nccl_dtype") == dt)
-        out = {"op": "allreduce", "dtype": "nccl",
+            left[f"NCCL collectives of {dt} (the bf16 rows are read)"] = \
+                ops.notna().to_numpy() & (column("nccl_dtype") == dt)
+        out = {"op": ops.fillna("").to_numpy(), "dtype": "nccl",
                "num_gpus": column("num_gpus"), "bytes": column("message_size") * 2.0}
     elif {"num_tokens", "moe_dtype", "topk"} <= cols:
         skew = {s: 0.0 if s == "balanced" else POWER_LAW_EXPONENT * float(str(s).rsplit("_", 1)[-1])

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from roofcal.physics.components.comm import COLLECTIVES
 from roofcal.programs import LIGHT, stored
 
 
@@ -79,6 +80,9 @@ OP_KINDS: dict[str, OpKind] = {k.name: k for k in [
     OpKind("moe", ("tokens", "hidden", "inter", "topk", "experts", "tp", "ep", "skew"),
            (7, 12, 11, 3, 6, 1, 1, 0), (4, 1, 2, 1, 2, 1, 2, 1), 4, "bf16", sharpness=(4.0, 1000.0)),
     OpKind("elementwise", ("tokens", "hidden"), (8, 12), (4, 1), 1, "bf16"),
+    # the collectives of data- and expert-parallel deployments, timed by nccl-tests (NCCL's
+    # protocols switch with the size: one surface over GPUs and size, degree 4)
+    *(OpKind(c, ("num_gpus", "bytes"), (2, 20), (1, 6), 4, "nccl", link=True) for c in COLLECTIVES),
 ]}
 
 #: physically neutral defaults (used without a coefficient file): roofline at peak, no latency

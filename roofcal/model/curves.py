@@ -64,17 +64,19 @@ import numpy as np
 from roofcal.errors import RoofcalError
 from roofcal.grouping import members, unique_rows
 from roofcal.model.correction import OP_KINDS
+from roofcal.physics.components.comm import COLLECTIVES
 from roofcal.physics.components.attention import equivalent_chunk, prefix_share
 
 #: kernel kind → the descriptor its curves run along
 AXES = {"moe": "tokens", "allreduce": "bytes", "gemm": "m", "attn_prefill": "seq_len",
-        "attn_decode": "context"}
+        "attn_decode": "context", **{c: "bytes" for c in COLLECTIVES}}
 #: kernel kind → the descriptors that name a measured shape (the others are the axis, or are
 #: derived from it: the all-reduce's size regimes; a prefill chunk's cached prefix, which the
 #: tables never hold, is priced at the uncached chunk of the same work: ``equivalent_chunk``)
 KEYS = {"moe": ("hidden", "inter", "topk", "experts", "tp", "ep", "skew"), "allreduce": ("num_gpus",),
         "gemm": ("n", "k"), "attn_prefill": ("heads", "kv_heads", "head_dim", "seqs"),
-        "attn_decode": ("heads", "kv_heads", "head_dim", "seqs")}
+        "attn_decode": ("heads", "kv_heads", "head_dim", "seqs"),
+        **{c: ("num_gpus",) for c in COLLECTIVES}}
 #: kernel kind → its last key, across whose measured values the curves are blended (:func:`groups`)
 ACROSS = {"attn_prefill": "seqs", "attn_decode": "seqs"}
 #: half-width of the blend's triangular weights in log2(1 + x) (≈ octaves; the tables measure

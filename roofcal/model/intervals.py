@@ -31,6 +31,7 @@ from roofcal.errors import RoofcalError
 from roofcal.model import correction as K
 from roofcal.model import curves
 from roofcal.physics.components.attention import prefix_share as prefix_share_of
+from roofcal.physics.components.comm import COLLECTIVES
 from roofcal.physics.kernels import SHAPE_COLUMNS
 
 #: central coverage of every band
@@ -56,7 +57,7 @@ MEASURED_KINDS = frozenset(SHAPE_COLUMNS)
 #: has too few rows beyond its range to measure (15): it takes the largest slope measured. An
 #: out-of-domain kernel's band is widened by e^(∓ slope · distance): 2× beyond the fitted size
 #: (1 log2 unit) widens a GEMM band by 31 % each way.
-EXTRAPOLATION = {"gemm": 0.27, "attn_prefill": 0.27, "attn_decode": 0.15, "moe": 0.24, "allreduce": 0.27}
+EXTRAPOLATION = {"gemm": 0.27, "attn_prefill": 0.27, "attn_decode": 0.15, "moe": 0.24, "allreduce": 0.27, **{c: 0.27 for c in COLLECTIVES}}
 #: ``interval_basis`` suffix of a band widened for extrapolation
 EXTRAPOLATED = " + extrapolation"
 #: measured / predicted of prefill attention over a cached prefix at its one measured limit: a

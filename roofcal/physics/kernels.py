@@ -19,6 +19,7 @@ SHAPE_COLUMNS = {
     "attn_prefill": ("batch", "seq", "cached", "heads", "kv_heads", "head_dim"),
     "attn_decode": ("batch", "context", "heads", "kv_heads", "head_dim"),
     "allreduce": ("num_gpus", "bytes"),
+    **{c: ("num_gpus", "bytes") for c in C.COLLECTIVES},
     "moe": ("tokens", "hidden", "inter", "topk", "experts", "tp", "ep"),
 }
 OPTIONAL_COLUMNS = {"moe": ("skew",)}
@@ -27,13 +28,14 @@ DTYPES = {
     "attn_prefill": ("bf16", "fp8"),
     "attn_decode": ("bf16", "fp8"),
     "allreduce": ("custom", "custom_eager", "nccl"),
+    **{c: ("nccl",) for c in C.COLLECTIVES},
     "moe": ("bf16", "fp8", "fp8_block", "int4"),
 }
 ALL_SHAPES = tuple(dict.fromkeys(c for cols in SHAPE_COLUMNS.values() for c in cols)) + ("skew",)
 BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4": 0.5}
 #: kinds whose work :func:`row_work` computes without their ``dtype`` (for an all-reduce, its
 #: implementation): rows of any of their dtypes share one compiled program
-DTYPE_FREE = frozenset({"allreduce"})
+DTYPE_FREE = frozenset({"allreduce", *C.COLLECTIVES})
 
 
 def row_work(op: str, dtype: str, cols: dict, max_experts: int = MAX_EXPERTS) -> C.Work:
@@ -56,6 +58,8 @@ def row_work(op: str, dtype: str, cols: dict, max_experts: int = MAX_EXPERTS) ->
                                   2.0, BYTES[dtype])
     if op == "allreduce":
         return C.allreduce(f["num_gpus"], f["bytes"])
+    if op in C.COLLECTIVES:
+        return C.collective(op, f["num_gpus"], f["bytes"])
     if op == "moe":
         return C.moe(f["tokens"], f["hidden"], f["inter"], f["topk"], f["experts"], f["tp"],
                      f["ep"], BYTES[dtype], 2.0, 3.0, f.get("skew", 0.0 * f["tokens"]),

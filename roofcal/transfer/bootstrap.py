@@ -73,6 +73,7 @@ import numpy as np
 from roofcal.model import correction as K
 from roofcal.model.coeffs import Coefficients
 from roofcal.errors import RoofcalError
+from roofcal.physics.components.comm import COLLECTIVES
 from roofcal.physics.hardware import GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
 from roofcal.model.combine import op_rate_fields
@@ -87,7 +88,7 @@ GRID = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "heads"), "attn_decode": ("
 #: (descriptor ∝ FLOPs, descriptor ∝ bytes) of a kernel, for the ``duration`` rule
 WORK = {"gemm": ("m", "n"), "attn_prefill": ("seqs", "seqs"), "attn_decode": ("seqs", "seqs"),
         "allreduce": (None, "bytes"), "moe": ("tokens", "tokens"),
-        "elementwise": ("tokens", "tokens")}
+        "elementwise": ("tokens", "tokens"), **{c: (None, "bytes") for c in COLLECTIVES}}
 
 
 # --------------------------------------------------------------------------------------------

@@ -89,3 +89,15 @@ def test_a_users_datasheet_takes_rows_named_by_its_alias(tmp_path):
     assert mine.name == "my_l40s" and "NVIDIA L40S" in mine.aliases
     m = datasets.load([L40S / "nccl-2.27.3"], gpu=mine)
     assert set(m.ops["gpu"]) == {"my_l40s"}
+
+
+def test_nccl_tables_give_every_collective_and_count_the_int8_rows():
+    table = next((ROOT / "data" / "microbench" / "a100_sxm").glob("nccl-*"))
+    m = datasets.load([table], gpu="a100_sxm")
+    counts = m.ops.groupby("op").size().to_dict()
+    # 504 rows: 4 collectives × 3 GPU counts × 21 sizes × (half, int8); the bf16 half is read
+    assert counts == {"allreduce": 63, "allgather": 63, "reducescatter": 63, "alltoall": 63}
+    assert set(m.ops["dtype"]) == {"nccl"} and set(m.ops["kernels"]) == {""}
+    assert m.left_out == {"NCCL collectives of int8 (the bf16 rows are read)": 252}
+    ag = m.ops[(m.ops.op == "allgather") & (m.ops.num_gpus == 2)].sort_values("bytes")
+    assert ag["bytes"].iloc[0] == 2 * 256          # message_size in bf16 elements → bytes

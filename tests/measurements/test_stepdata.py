@@ -52,7 +52,9 @@ def test_step_jsonl_needs_durations_and_deployment(tmp_path):
 
 def test_bundled_dataset_resolution():
     m = datasets.load(datasets.bundled_paths("a100_sxm"), gpu="a100_sxm")
-    assert len(m.ops) == 26689 and not m.steps
+    # 26,689 kernel rows, and the NCCL table's 63 bf16 rows of each of the three other collectives
+    assert len(m.ops) == 26689 + 3 * 63 and not m.steps
+    assert (m.ops["op"] == "alltoall").sum() == 63
     assert all(p["sha256"] and p["rows"] > 0 for p in m.provenance)
     with pytest.raises(RoofcalError, match="no bundled measurements for GPU 'l4'"):
         datasets.bundled_paths("l4")

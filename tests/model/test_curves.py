@@ -215,7 +215,7 @@ def test_file_block_round_trips_and_bad_blocks_are_one_line_errors():
         with pytest.raises(RoofcalError) as e:
             curves.from_dict("moe", block, where)
         assert msg in str(e.value), (change, str(e.value))
-    with pytest.raises(RoofcalError, match="only for moe, allreduce, gemm, attn_prefill, attn_decode kernels"):
+    with pytest.raises(RoofcalError, match="only for moe, allreduce, gemm, attn_prefill, attn_decode, allgather, reducescatter, alltoall kernels"):
         curves.from_dict("elementwise", d, "f.yaml: field 'ops.elementwise/bf16.measured_shapes")
 
 

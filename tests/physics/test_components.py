@@ -128,6 +128,37 @@ def test_allreduce_volume_and_single_gpu():
     assert "allreduce" not in step_ops(load_model("llama-2-7b-hf"), 1, totals([Step(decode=(5,))]))
 
 
+def test_collectives_send_all_but_their_own_share_of_the_buffer():
+    mib = 2 ** 20
+    # 8 GPUs, 64 MiB: each GPU sends 7/8 of the buffer (56 MiB); only the reduce-scatter adds
+    for name in C.COLLECTIVES:
+        w = C.collective(name, 8.0, 64 * mib)
+        assert float(w.bytes) == 56 * mib
+        assert float(w.flops) == (28 * mib if name == "reducescatter" else 0.0)
+        assert [float(x) for x in w.shape] == [8.0, 64 * mib]
+    assert float(C.collective("alltoall", 1.0, 64 * mib).bytes) == 0.0
+    # hand check of the docstring: 56 MiB over a 450 GB/s link = 130.5 µs
+    assert abs(56 * mib / 450e3 - 130.5) < 0.1
+    with pytest.raises(ValueError, match="unknown collective"):
+        C.collective("broadcast", 2.0, 1.0)
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2].parent / "shared").is_dir(),
+                    reason="../shared not beside the project")
+def test_measured_collectives_move_what_the_component_says():
+    # H100 NCCL table, 8 GPUs, 256 Mi bf16 elements (512 MiB): all-gather, reduce-scatter and
+    # all-to-all each send 7/8 of the buffer, so they take about the same time, at a bus
+    # bandwidth below the 450 GB/s NVLink 4 of the datasheet and above half of it
+    import pandas as pd
+    root = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "microbench" / "h100_sxm"
+    df = pd.read_parquet(next(root.glob("nccl-*/nccl_perf.parquet")))
+    big = df[(df.num_gpus == 8) & (df.message_size == 2 ** 28) & (df.nccl_dtype == "half")]
+    for op in ("all_gather", "reduce_scatter", "alltoall"):
+        t_us = big[big.op_name == op].latency.min() * 1000.0
+        rate = float(C.collective("allgather", 8.0, 2.0 * 2 ** 28).bytes) / t_us / 1e3   # GB/s
+        assert 225.0 < rate < 450.0, (op, rate)
+
+
 def test_allreduce_two_stage_follows_vllms_custom_kernel_choice():
     from roofcal.physics.components.comm import two_stage
     kib = 2 ** 10

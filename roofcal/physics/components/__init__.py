@@ -8,9 +8,10 @@ unchanged inside whole steps. Ideal times follow from a datasheet via :func:`ide
 from .base import Work, ideal_times
 from .gemm import gemm
 from .attention import decode_attention, prefill_attention
-from .comm import allreduce
+from .comm import COLLECTIVES, allreduce, collective
 from .moe import expected_active_experts, moe
 from .memory import elementwise
 
 __all__ = ["Work", "ideal_times", "gemm", "prefill_attention", "decode_attention", "allreduce",
+           "collective", "COLLECTIVES",
            "moe", "expected_active_experts", "elementwise"]

@@ -1,4 +1,5 @@
-"""Tensor-parallel communication."""
+"""Communication between GPUs: the tensor-parallel all-reduce, and the all-gather, reduce-scatter
+and all-to-all that data- and expert-parallel deployments run."""
 
 from __future__ import annotations
 
@@ -43,3 +44,28 @@ def allreduce(num_gpus, message_bytes) -> Work:
     large = (jnp.asarray(message_bytes) >= CUSTOM_ALLREDUCE_MAX_BYTES).astype(jnp.float32)
     return Work(frac * message_bytes / 2.0, 2.0 * frac * message_bytes,
                 (num_gpus, message_bytes, large, two_stage(num_gpus, message_bytes)))
+
+
+#: collectives other than the all-reduce, each moving (g−1)/g of its buffer per GPU (NCCL's ring and
+#: pairwise algorithms): the all-gather (buffer = the gathered output), the reduce-scatter (buffer =
+#: the input, reduced as it passes) and the all-to-all (buffer = the send buffer, a 1/g slice kept)
+COLLECTIVES = ("allgather", "reducescatter", "alltoall")
+
+
+def collective(name: str, num_gpus, buffer_bytes) -> Work:
+    """Work of one NCCL collective ``name`` (:data:`COLLECTIVES`) of a ``buffer_bytes`` buffer
+    across ``num_gpus`` GPUs, as nccl-tests sizes it (the whole buffer, not a per-GPU part).
+
+    Bytes = what each GPU sends over its link: (g−1)/g·buffer. FLOPs = the reduce-scatter's
+    additions, (g−1)/g·buffer/2 (bf16 elements); 0 for the others. Shape descriptors:
+    (num_gpus, buffer_bytes). Zero work when ``num_gpus`` = 1.
+
+    Example: an all-to-all of 64 MiB across 8 GPUs: each GPU sends 7/8·64 MiB = 56 MiB (its own
+    eighth stays), 130 µs over a 450 GB/s link at full speed.
+    """
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r} (known: {', '.join(COLLECTIVES)})")
+    frac = (num_gpus - 1.0) / num_gpus
+    sent = frac * buffer_bytes
+    flops = sent / 2.0 if name == "reducescatter" else 0.0 * sent
+    return Work(flops, sent, (num_gpus, buffer_bytes))
