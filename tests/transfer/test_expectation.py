@@ -46,7 +46,8 @@ def test_a_bad_file_is_named(tmp_path):
 def test_the_shipped_file_is_what_the_benchmark_measures():
     """The H100 → A100 pair of coeffs/zero_shot.yaml, measured again on the bundled tables."""
     from roofcal.bench import gpus
-    tables = {g: gpus.datasets.load(gpus.table_paths(g), gpu=load_gpu(g)).ops for g in ("a100_sxm", "h100_sxm")}
+    tables = {g: gpus.tp_kinds(gpus.datasets.load(gpus.table_paths(g), gpu=load_gpu(g)).ops)
+              for g in ("a100_sxm", "h100_sxm")}
     fits = {g: gpus.fitted(g, tables[g]) for g in tables}
     zs = gpus.zero_shot({"a100_sxm": tables["a100_sxm"]}, {"h100_sxm": fits["h100_sxm"]})
     doc = gpus.expectations_doc(zs)
