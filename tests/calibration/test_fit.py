@@ -392,7 +392,8 @@ def _few_shot_rows(kind: str, n: int, seed: int = 0):
     from roofcal.transfer.bootstrap import DEFAULT_RULE, bootstrap
     prior = coeff_io.roundtrip(bootstrap(coeff_io.load("coeffs/h100_sxm.yaml", "h100_sxm"), H100, A100,
                                          DEFAULT_RULE)).params["ops"][kind]
-    t = microbench_table("a100_sxm")
+    from roofcal.bench.gpus import tp_kinds
+    t = tp_kinds(microbench_table("a100_sxm"))      # the kinds the learning curve was drawn over
     keys = (t["op"] + "/" + t["dtype"]).to_numpy()
     test = split_rows(keys, 0.2, seed)
     rng = np.random.default_rng(seed + n)
