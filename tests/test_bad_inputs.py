@@ -418,6 +418,13 @@ CASES = [
     C("gpu-show-yaml-of-a-bad-datasheet", "gpu", "show", "ds_missing.yaml", "--yaml", "--out", "o.yaml",
       says=r"ds_missing\.yaml: missing field 'hbm_bandwidth_tbs'"),
 
+    # ---- gpu template
+    C("gpu-template-bad-name", "gpu", "template", "bad name!", says=r"a GPU name is letters"),
+    C("gpu-template-like-unknown", "gpu", "template", "g1", "--like", "z100", says=r"unknown GPU 'z100'"),
+    C("gpu-template-like-missing-yaml", "gpu", "template", "g1", "--like", "nope.yaml"),
+    C("gpu-template-out-is-dir", "gpu", "template", "g1", "--out", "adir"),
+    C("gpu-template-out-under-file", "gpu", "template", "g1", "--out", "afile/g1.yaml"),
+
     # ---- gpu bootstrap
     C("gpu-bootstrap-datasheet-unknown", "gpu", "bootstrap", "--datasheet", "z100", "--from", "coeffs.yaml",
       "--out", "b.yaml"),

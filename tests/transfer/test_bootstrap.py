@@ -150,7 +150,7 @@ def test_gpu_show_and_list(capsys, tmp_path):
 @pytest.mark.parametrize("over, message", [
     ({"dense_tflops": {"bf16": 362.05, "fp8": 1466.0}}, "sparsity figure"),
     ({"sparse_tflops": {"bf16": 733}}, "sparsity figure"),
-    ({"hbm_bandwidth_tbs": None}, "missing field 'hbm_bandwidth_tbs'"),
+    ({"hbm_bandwidth_tbs": None}, "field 'hbm_bandwidth_tbs' is blank"),
 ])
 def test_bad_datasheets_refused(tmp_path, capsys, over, message):
     path = _sheet(tmp_path, **over)
