@@ -126,7 +126,7 @@ def _solve(seg, logy, cols, n_seg: int, n_cand: int, kernel: bool) -> dict:
 
 def step_candidates(names: list[str], blis: bool) -> list[tuple[str, tuple[str, ...]]]:
     """Scalable candidates of step rows: each component, and each kernel group of
-    :data:`roofcal.correction.STEP_SCALES` with ≥ 2 present members (its step-level scale)."""
+    :data:`roofcal.model.correction.STEP_SCALES` with ≥ 2 present members (its step-level scale)."""
     out = [(n, (n,)) for n in names]
     if not blis:
         for group, members in K.STEP_SCALES.items():

@@ -13,7 +13,7 @@ class Work(NamedTuple):
     ``flops``: floating-point operations (multiply-add = 2).
     ``bytes``: bytes moved through device memory, or over the GPU link for communication.
     ``shape``: tuple of descriptor arrays the correction layer's efficiency surface reads
-    (for example ``(m, n, k)`` of a GEMM); see ``roofcal.correction.OP_KINDS``.
+    (for example ``(m, n, k)`` of a GEMM); see ``roofcal.model.correction.OP_KINDS``.
     """
 
     flops: jnp.ndarray
