@@ -185,6 +185,12 @@ def C(id, *argv, timeout=60.0, says=""):
 
 CASES = [
     # ---- predict
+    C("predict-dp-0", "predict", "--steps", "steps.jsonl", *M7, "--dp", "0", "--out", "o.csv",
+      says=r"--dp: data-parallel size must be a positive integer, got 0"),
+    C("predict-ep-dense", "predict", "--steps", "steps.jsonl", *M7, "--dp", "2", "--enable-expert-parallel",
+      "--out", "o.csv", says=r"expert parallelism needs an MoE model"),
+    C("predict-moe-comm-unknown", "predict", "--steps", "steps.jsonl", *M7, "--dp", "2",
+      "--moe-comm-backend", "bogus", "--out", "o.csv", says=r"unknown MoE comm backend 'bogus'"),
     C("predict-steps-missing", "predict", "--steps", "nope.jsonl", *M7, "--out", "o.csv"),
     C("predict-steps-is-dir", "predict", "--steps", "adir", *M7, "--out", "o.csv"),
     C("predict-steps-empty", "predict", "--steps", "empty.jsonl", *M7, "--out", "o.csv"),

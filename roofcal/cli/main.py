@@ -90,6 +90,19 @@ def add_kernels_option(s, what: str = "predict with") -> None:
                         "newest)")
 
 
+def add_parallel_options(s) -> None:
+    """A deployment's layout beyond TP, as vLLM and BLIS name it (:class:`roofcal.physics.config.Parallel`)."""
+    from roofcal.physics.config import MOE_COMM_BACKENDS
+    s.add_argument("--dp", type=int, default=1, metavar="N",
+                   help="data-parallel ranks of TP GPUs each (vLLM --data-parallel-size, BLIS --dp; "
+                        "default 1): a step is then the whole deployment's batch, timed on its busiest rank")
+    s.add_argument("--enable-expert-parallel", action="store_true",
+                   help="MoE experts split whole over all dp x TP GPUs (vLLM's and BLIS's flag)")
+    s.add_argument("--moe-comm-backend", default="allgather_reducescatter", metavar="NAME",
+                   help="how MoE layers move tokens between ranks (vLLM VLLM_ALL2ALL_BACKEND, BLIS "
+                        f"--moe-comm-backend): {', '.join(MOE_COMM_BACKENDS)} (default allgather_reducescatter)")
+
+
 def _register_plugins(sub) -> None:
     import importlib
     for name in COMMAND_MODULES:

@@ -19,8 +19,10 @@ def cmd_predict(a) -> None:
         if not a.steps:
             raise RoofcalError("predict: give --steps FILE (step JSONL) or --ops FILE (per-op CSV)")
         from roofcal.model.predict import predict
+        from roofcal.physics.config import Parallel
         df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack,
-                     kernels=a.kernels, clock=a.clock)
+                     kernels=a.kernels, clock=a.clock,
+                     parallel=Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend))
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
     if not a.ops and a.clock == "sustained":
@@ -37,13 +39,14 @@ def cmd_predict(a) -> None:
 
 def register(sub) -> None:
     """Add the ``predict`` subcommand."""
-    from roofcal.cli.main import add_kernels_option
+    from roofcal.cli.main import add_kernels_option, add_parallel_options
     s = sub.add_parser("predict", help="predict step times (or per-op kernel times) with a breakdown")
     s.add_argument("--steps", help="step JSONL file")
     s.add_argument("--ops", help="per-op measurement CSV (predicts every row)")
     s.add_argument("--model", help="bundled model name or config.json path (for steps without one)")
     s.add_argument("--gpu", help="bundled GPU name or datasheet path (for steps without one)")
     s.add_argument("--tp", type=int, help="tensor-parallel degree (for steps without one)")
+    add_parallel_options(s)
     s.add_argument("--coeffs", help="coefficient file (default: neutral roofline defaults)")
     s.add_argument("--stack", metavar="NAME",
                    help="serving stack for whole steps: a stack of the coefficient file (default: "

@@ -14,7 +14,7 @@ from roofcal.model import correction as K
 from roofcal.model import curves
 from roofcal.physics.components import ideal_times
 from roofcal.physics.config import ModelSpec
-from roofcal.physics.decompose import step_ops
+from roofcal.physics.decompose import busiest_rank, step_ops
 from roofcal.physics.hardware import GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
 from roofcal.physics.steps import StepBatch, step_totals
@@ -223,11 +223,13 @@ def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, bat
 def _kernel_part(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
     """(step totals, kernel calls, their ideal times, their µs per step) of ``batch``: the part
     of a step before the step level, traced inside :func:`_step_breakdown` and
-    :func:`_kernel_breakdown` alike."""
+    :func:`_kernel_breakdown` alike; for a data-parallel deployment the totals are its busiest
+    rank's (:func:`~roofcal.physics.decompose.busiest_rank`)."""
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
     ideal = ideal_step_times(gpu, calls)
-    return t, calls, ideal, kernel_times(params, calls, ideal)
+    # the step level (overheads per sequence and token) is the busiest data-parallel rank's
+    return busiest_rank(t, model.parallel.dp), calls, ideal, kernel_times(params, calls, ideal)
 
 
 def step_time(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):

@@ -22,7 +22,7 @@ from roofcal.model.combine import (NON_COMPONENT, gpu_side, op_peak_and_bandwidt
                                    step_breakdown)
 from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
-from roofcal.physics.config import check_tp, load_model
+from roofcal.physics.config import Parallel, check_tp, load_model, served
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.physics.kernels import DTYPE_FREE, OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
 from roofcal.physics.decompose import step_ops
@@ -51,7 +51,7 @@ def resolve_coeffs(coeffs, gpu, stack: str | None = None, steps: bool = False,
 
 
 def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = None,
-                   kernels: str | None = None) -> pd.DataFrame:
+                   kernels: str | None = None, parallel: Parallel = Parallel()) -> pd.DataFrame:
     """Run ``compute`` on each deployment's steps; one row per input step, in input order.
 
     Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP), a step's own fields
@@ -68,11 +68,15 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
     for (m, g, t), idx in group_by_deployment(records, model, gpu, tp, src).items():
         spec, gspec = load_model(m), load_gpu(g)
         check_tp(spec, int(t), where=given_by(records, idx, "tp", src))
+        if parallel != Parallel():
+            spec = served(spec, parallel.dp, parallel.ep, parallel.moe_comm)
         recs = [records[i] for i in idx]
         c = resolve_coeffs(coeffs, gspec, stack, steps=True, kernels=kernels)
         df = compute(c, spec, gspec, int(t), batch_steps(recs), recs)
         front = pd.DataFrame({"step": np.asarray(idx) + 1, "phase": [r.phase for r in recs],
                               "model": spec.name, "gpu": gspec.name, "tp": int(t),
+                              **({} if parallel == Parallel() else
+                                 {"dp": parallel.dp, "ep": parallel.ep, "moe_comm": parallel.moe_comm}),
                               "stack": c.stack or coeff_io.NO_STACK, "kernels": c.kernels})
         frames.append(pd.concat([front, df.reset_index(drop=True)], axis=1))
     return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable") \
@@ -113,14 +117,14 @@ def step_arrays(c, model, gpu, tp: int, batch) -> tuple[dict, tuple, dict]:
 
 
 #: leading columns of :func:`predict`, in order (``measured_us`` only when given)
-FRONT = ("step", "phase", "model", "gpu", "tp", "stack", "kernels", "clock", "sm_clock_mhz", "compute_scale",
+FRONT = ("step", "phase", "model", "gpu", "tp", "dp", "ep", "moe_comm", "stack", "kernels", "clock", "sm_clock_mhz", "compute_scale",
          "measured_us", "measured_cycle_us", "predicted_us", "p10_us", "p90_us", "interval_basis",
          "predicted_gpu_us")
 
 
 def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int | None = None,
             coeffs=None, stack: str | None = None, kernels: str | None = None,
-            clock: str = "burst") -> pd.DataFrame:
+            clock: str = "burst", parallel: Parallel = Parallel()) -> pd.DataFrame:
     """Predict every step; one row per input step, in input order.
 
     ``steps``: a JSONL path or a list of :class:`Step`. ``model`` / ``gpu`` / ``tp`` apply to steps
@@ -131,8 +135,12 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
     else the file's default). ``clock``: ``burst`` — each step as the per-op tables were timed, at
     the boost clock (default); ``sustained`` — each deployment's steps as one stream run back to
     back, at the SM clock the GPU's power limit allows for it (:mod:`roofcal.model.operating`).
+    ``parallel``: every deployment's layout beyond TP (:class:`~roofcal.physics.config.Parallel`:
+    data-parallel ranks, expert parallelism, MoE comm backend); a step is then the whole
+    deployment's batch and its time the busiest rank's (:mod:`roofcal.physics.decompose`).
 
-    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp``, ``stack``, ``kernels``, the clock a row
+    Columns: ``step``, ``phase``, ``model``, ``gpu``, ``tp`` (with ``dp``, ``ep``, ``moe_comm``
+    for a data- or expert-parallel ``parallel``), ``stack``, ``kernels``, the clock a row
     assumes (``clock``, ``sm_clock_mhz`` — NaN where the datasheet gives no boost clock — and
     ``compute_scale``, ≥ 1: how much longer its compute-bound time runs than at the boost clock),
     ``measured_us`` and
@@ -175,7 +183,7 @@ def predict(steps: "str | Path | Sequence[Step]", model=None, gpu=None, tp: int 
             df[name] = v
         return df
 
-    df = per_deployment(steps, model, gpu, tp, coeffs, one, stack, kernels)
+    df = per_deployment(steps, model, gpu, tp, coeffs, one, stack, kernels, parallel)
     comp = [c for c in df.columns if c.endswith("_us") and c not in FRONT]
     df[comp] = df[comp].fillna(0.0)
     front = [c for c in FRONT if c in df.columns]

@@ -49,6 +49,37 @@ NON_GATED_MODEL_TYPES = {
 }
 
 
+#: vLLM's MoE dispatch/combine backends (``VLLM_ALL2ALL_BACKEND``; BLIS ``--moe-comm-backend``), by
+#: how they move tokens: the all-gather family gathers every rank's tokens to every GPU and
+#: reduce-scatters the outputs back; the all-to-all family sends each token only to the GPUs of
+#: its experts (expert parallelism only)
+MOE_COMM_ALLGATHER = ("naive", "allgather_reducescatter")
+MOE_COMM_ALLTOALL = ("pplx", "deepep_high_throughput", "deepep_low_latency", "mori",
+                     "flashinfer_all2allv")
+MOE_COMM_BACKENDS = MOE_COMM_ALLGATHER + MOE_COMM_ALLTOALL
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How a deployment spreads a model beyond tensor parallelism (vLLM's and BLIS's flags).
+
+    ``dp`` data-parallel ranks (``--data-parallel-size``, BLIS ``--dp``), each of TP GPUs with its
+    own batch and KV cache; ``ep`` (``--enable-expert-parallel``): the MoE layers' experts are
+    split whole over all dp·TP GPUs, else each expert's FFN is split over them; ``moe_comm``
+    (:data:`MOE_COMM_BACKENDS`): how an MoE layer moves tokens between the ranks. The default is
+    a plain TP deployment (one rank, no expert parallelism).
+    """
+
+    dp: int = 1
+    ep: bool = False
+    moe_comm: str = "allgather_reducescatter"
+
+    @property
+    def alltoall(self) -> bool:
+        """True when the MoE dispatch and combine are all-to-alls (:data:`MOE_COMM_ALLTOALL`)."""
+        return self.moe_comm in MOE_COMM_ALLTOALL
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shapes and byte widths of a decoder-only transformer.
@@ -86,6 +117,9 @@ class ModelSpec:
     unquantized: tuple[str, ...] = ()  # components of UNQUANTIZABLE left in the activation dtype
     act_quant: str = ""               # FP8 activation scales: "" (none), "tensor", "token", "group"
     config_path: str = field(default="", compare=False)   # where it was read from
+    # the deployment's layout beyond TP (:func:`served`), carried with the model so every step
+    # function sees it; a plain TP deployment by default
+    parallel: Parallel = Parallel()
 
     @property
     def ref(self) -> str:
@@ -557,6 +591,27 @@ def check_tp(model: ModelSpec, tp: int, where: str = "--tp") -> None:
     if model.num_kv_heads >= tp and model.num_kv_heads % tp:
         raise RoofcalError(f"{where}: TP {tp} does not divide {model.name}'s "
                            f"num_key_value_heads={model.num_kv_heads}")
+
+
+def served(model: ModelSpec, dp: int = 1, ep: bool = False,
+           moe_comm: str = "allgather_reducescatter", where: str = "--dp") -> ModelSpec:
+    """``model`` as a deployment of ``dp`` data-parallel ranks serves it (:class:`Parallel`).
+
+    Refused, naming ``where``: ``dp`` not a positive integer; expert parallelism or an
+    all-to-all backend on a dense model; an all-to-all backend without expert parallelism
+    (vLLM runs those backends only for expert-parallel MoE layers); an unknown backend.
+    """
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise RoofcalError(f"{where}: data-parallel size must be a positive integer, got {dp!r}")
+    if moe_comm not in MOE_COMM_BACKENDS:
+        raise RoofcalError(f"{where}: unknown MoE comm backend {moe_comm!r} "
+                           f"(known: {', '.join(MOE_COMM_BACKENDS)})")
+    if ep and not model.is_moe:
+        raise RoofcalError(f"{where}: expert parallelism needs an MoE model; {model.name} is dense")
+    if moe_comm in MOE_COMM_ALLTOALL and not ep:
+        raise RoofcalError(f"{where}: MoE comm backend {moe_comm!r} is an all-to-all, which vLLM "
+                           "runs only with expert parallelism (--enable-expert-parallel)")
+    return replace(model, parallel=Parallel(dp, bool(ep), moe_comm))
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:

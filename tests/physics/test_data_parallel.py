@@ -1,0 +1,99 @@
+"""A data- and expert-parallel deployment's step (``ModelSpec.parallel``), checked by hand:
+the busiest rank's share, the routed experts over all dp·TP GPUs, the dispatch and combine
+between ranks, and the plain TP step unchanged at dp = 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roofcal.errors import RoofcalError
+from roofcal.model.predict import predict
+from roofcal.physics.config import Parallel, load_model, served
+from roofcal.physics.decompose import busiest_rank, step_ops, weight_bytes_per_gpu
+from roofcal.physics.steps import Step, StepTotals
+
+MIXTRAL = load_model("mixtral-8x7b-v0.1")            # hidden 4,096, 8 experts of 14,336, top-2
+
+#: 2 prefill chunks of 100 new tokens and 8 decode sequences at context 1,000
+TOTALS = StepTotals(*(np.array([v], np.float32) for v in
+                      (2, 8, 200, 0, 2 * 100 * 101 / 2, 8 * 1001, 208)))
+
+
+def _val(x) -> float:
+    return float(np.asarray(x).ravel()[0])
+
+
+def test_the_busiest_rank_takes_the_ceiling_of_each_phase():
+    r = busiest_rank(TOTALS, 4)
+    # ⌈2/4⌉ = 1 chunk (100 tokens, 5,050 pairs), ⌈8/4⌉ = 2 decodes (2,002 keys)
+    got = [_val(getattr(r, f)) for f in ("n_prefill", "n_decode", "prefill_tokens", "prefill_cached_tokens",
+                                         "pairs", "decode_kv_tokens", "tokens")]
+    assert got == [1, 2, 100, 0, 5050, 2002, 102]
+    assert busiest_rank(TOTALS, 1) is TOTALS
+
+
+def test_dp_1_is_the_tp_step_call_for_call():
+    plain = step_ops(MIXTRAL, 2, TOTALS)
+    again = step_ops(served(MIXTRAL, 1), 2, TOTALS)
+    assert list(plain) == list(again)
+    for name in plain:
+        assert _val(plain[name].work.flops) == _val(again[name].work.flops)
+        assert _val(plain[name].work.bytes) == _val(again[name].work.bytes)
+
+
+def test_expert_parallel_ranks_by_hand():
+    ops = step_ops(served(MIXTRAL, 4, ep=True), 1, TOTALS)
+    d, inter = 4096, 14336
+    # attention and projections on the busiest rank's 102 tokens
+    assert _val(ops["qkv_proj"].work.flops) == pytest.approx(2 * 102 * 6144 * d, rel=1e-6)
+    # routed experts: all 208 tokens, ⌈208·2/4⌉ = 104 pairs on this GPU's 8/4 = 2 whole experts
+    assert _val(ops["moe"].work.flops) == pytest.approx(104 * 2 * d * inter * 3, rel=1e-6)
+    assert _val(ops["moe"].work.bytes) == pytest.approx(
+        2 * 3 * d * inter * 2 + 208 * d * 2 * 2 + 104 * (2 * d + 3 * inter) * 2, rel=1e-6)
+    # all-gather family: every rank's 208 tokens gathered and reduce-scattered, 3/4 sent
+    assert ops["moe_dispatch"].kind == "allgather" and ops["moe_combine"].kind == "reducescatter"
+    assert _val(ops["moe_dispatch"].work.bytes) == pytest.approx(0.75 * 208 * d * 2)
+    assert ops["moe_dispatch"].count == MIXTRAL.num_moe_layers == 32
+    assert "allreduce" not in ops                       # TP 1 within a rank
+
+
+def test_an_all_to_all_sends_each_rank_token_to_its_top_k_experts():
+    ops = step_ops(served(MIXTRAL, 4, ep=True, moe_comm="deepep_low_latency"), 1, TOTALS)
+    assert ops["moe_dispatch"].kind == ops["moe_combine"].kind == "alltoall"
+    # 102 tokens · top-2 · 4,096 · 2 bytes, 3/4 of it to the other GPUs
+    assert _val(ops["moe_combine"].work.bytes) == pytest.approx(0.75 * 102 * 2 * 4096 * 2)
+
+
+def test_without_expert_parallelism_every_ffn_is_split_over_dp_tp():
+    ops = step_ops(served(MIXTRAL, 2), 2, TOTALS)
+    moe = ops["moe"].work.shape
+    assert (_val(moe[0]), _val(moe[5]), _val(moe[6])) == (208, 4, 1)      # tokens, tp, ep
+    # weights: attention on every rank at TP 2, the experts over all 4 GPUs
+    assert weight_bytes_per_gpu(served(MIXTRAL, 2), 2) < weight_bytes_per_gpu(MIXTRAL, 2)
+    assert weight_bytes_per_gpu(served(MIXTRAL, 2), 2) == weight_bytes_per_gpu(served(MIXTRAL, 2, ep=True), 2)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(dp=0), "positive integer"),
+    (dict(dp=2, moe_comm="bogus"), "unknown MoE comm backend 'bogus'"),
+    (dict(dp=2, moe_comm="pplx"), "only with expert parallelism"),
+])
+def test_bad_layouts_are_refused(kw, says):
+    with pytest.raises(RoofcalError, match=says):
+        served(MIXTRAL, **kw)
+    with pytest.raises(RoofcalError, match="needs an MoE model"):
+        served(load_model("llama-2-7b-hf"), 2, ep=True)
+
+
+def test_predict_times_the_deployment_on_its_busiest_rank():
+    steps = [Step(decode=tuple([1000] * 64)), Step(decode=tuple([1000] * 256))]
+    kw = dict(model="mixtral-8x7b-v0.1", gpu="h100_sxm", coeffs="coeffs/h100_sxm.yaml")
+    tp2 = predict(steps, tp=2, **kw)
+    dp4 = predict(steps, tp=2, parallel=Parallel(4, True), **kw)
+    assert "dp" not in tp2.columns and list(dp4["dp"]) == [4, 4] and dp4["ep"].all()
+    # four ranks share the 256 decodes: each rank's attention is a quarter of the TP 2 step's
+    att = dp4["attn_decode_us"] / tp2["attn_decode_us"]
+    assert 0.2 < att.iloc[1] < 0.35
+    assert (dp4["moe_dispatch_us"] > 0).all() and (dp4["moe_combine_us"] > 0).all()
+    assert (dp4["predicted_us"] < tp2["predicted_us"]).all()
