@@ -61,12 +61,13 @@ class Target:
 
     @property
     def stem(self) -> str:
-        """File stem of its ``defaults.yaml``: ``name``, else ``<model>-tp<T>``."""
+        """File stem of its ``defaults.yaml``: ``name``, else ``<model>-tp<T>`` (``-dp<N>``, ``-ep``
+        and the MoE comm backend after it where given)."""
         if self.name:
             return self.name
         m = self.deployment.model
         name = Path(m).parent.name if m.endswith("config.json") else Path(m).name
-        return f"{name.lower()}-tp{self.deployment.tp}"
+        return f"{name.lower()}-{self.deployment.label.replace(' ', '-')}"
 
 
 def targets_for_experiments(exps, model_configs, per_run: bool = False) -> list[Target]:
@@ -102,6 +103,9 @@ class DeploymentExport:
     first_token: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
+    #: per target, the KV blocks BLIS is told (``--total-kv-blocks``) where its own sizing would
+    #: not hold (a data-parallel deployment: :func:`blis_kv_blocks`), else None
+    kv_blocks: tuple = ()
 
     @property
     def target(self) -> Target:
@@ -219,8 +223,8 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
     from roofcal.physics.hardware import load_gpu
     from roofcal.physics.steps import Step, batch_steps
     gpu = load_gpu(coeffs.gpu)
-    spec = load_model(target.deployment.model)
-    tp = int(target.deployment.tp)
+    spec = target.deployment.served(load_model(target.deployment.model))
+    tp, ranks = int(target.deployment.tp), target.deployment.ranks
     if target.experiments:
         loads = [ld for e in target.experiments for ld in loads_of(e, seed)]
         w = np.array([ld.requests for ld in loads])
@@ -238,6 +242,8 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
     prefixes = sorted({0, pc} if target.experiments else {0, 1024, 4096})
     limit = min(limit, context_limit(spec) or limit) - 1
     kv = min(kv, capacity(spec, gpu, tp, max_num_batched_tokens=budget, max_num_seqs=seqs).kv_blocks)
+    # a data-parallel deployment's step holds all its ranks' sequences (:class:`Deployment`)
+    seqs, budget, kv = ranks * seqs, ranks * budget, ranks * kv
     light, sat = [], []
     for c in sorted({max(16, min(int(round(ctx * x)), limit - 1)) for x in (0.5, 1.0, 2.0)}):
         light += [Step(decode=(c,) * d) for d in (1, 2, 4, 8, 16) if d <= seqs]
@@ -310,7 +316,7 @@ def deployment_cycle(coeffs: Coefficients, target: Target, api_us: float, alphas
     from roofcal.physics.hardware import load_gpu
     from roofcal.physics.steps import Step, batch_steps
     gpu = load_gpu(coeffs.gpu)
-    spec = load_model(target.deployment.model)
+    spec = target.deployment.served(load_model(target.deployment.model))
     tp = int(target.deployment.tp)
     if not target.experiments:
         t = step_breakdown(coeffs.params, spec, gpu, tp,
@@ -399,7 +405,7 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
     alphas = jnp.asarray(_stack_alphas(coeffs), jnp.float32)
     ftc = stack_first_token_cycles(coeffs)
     for t in targets:
-        spec, tp = load_model(t.deployment.model), int(t.deployment.tp)
+        spec, tp = t.deployment.served(load_model(t.deployment.model)), int(t.deployment.tp)
         sat = mixes(coeffs, t, seed).get("saturated")
         limit = []
         if sat is not None:                  # the deployment at its limit, after its stages
@@ -516,7 +522,8 @@ def export_deployment(coeffs: Coefficients, targets: "Target | Sequence[Target]"
     provenance = {"coeffs": coeffs.source, "stack": coeffs.stack, "kernels": coeffs.kernels,
                   "runs": [e.name for e in exps],
                   "rows": fit.n_rows, "fit": settings.record()}
-    out = DeploymentExport(targets, hw_name, alpha, tuple(fit.beta), alpha_source, first, fit.metrics, provenance)
+    out = DeploymentExport(targets, hw_name, alpha, tuple(fit.beta), alpha_source, first, fit.metrics, provenance,
+                           tuple(blis_kv_blocks(t, gpu) for t in targets))
     # the export against the native model where the server is light and where it saturates
     errs: dict = {}
     for mix in checks:
@@ -545,7 +552,7 @@ def comment(ex: DeploymentExport, coeffs_path=None) -> str:
         src = " " + source_note(resources.display(Path(coeffs_path)), sha256_file(coeffs_path),
                                 ex.provenance.get("kernels"))
     d = ex.distill_mape()
-    deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
+    deps = ", ".join(f"{t.blis_model} {t.deployment.title}" for t in ex.targets)
     only = " only" if len(ex.targets) == 1 else ""
     scale = ex.metrics.get("clock", {}).get("compute_scale", 1.0)
     at = (f" at a power-limited clock (compute-bound time x{scale:.3f}, sustained load)" if scale != 1.0 else "")
@@ -599,13 +606,32 @@ def config_folder(target: Target) -> Path:
 USAGE_LOAD = ("--num-requests", "100", "--rate", "1", "--seed", "42")
 
 
+def blis_kv_blocks(target: Target, gpu) -> int | None:
+    """The KV blocks of a data-parallel deployment, all its ranks' (each sized as vLLM sizes it,
+    :func:`roofcal.physics.capacity.capacity`, at its share of the server limits), for BLIS's
+    ``--total-kv-blocks``: BLIS's own sizing counts one TP group's GPUs holding every expert
+    (Mixtral TP 1, DP 4: "weights 86.99 GiB … exceeds 72 GiB", where each GPU holds a quarter of
+    the experts). None for a TP deployment, whose KV BLIS sizes itself."""
+    from roofcal.physics.capacity import capacity
+    from roofcal.physics.config import load_model
+    d = target.deployment
+    if d.ranks == 1:
+        return None
+    seqs, budget = server_limits(target)
+    spec = d.served(load_model(d.model))
+    return d.ranks * capacity(spec, gpu, int(d.tp), max_num_batched_tokens=budget // d.ranks,
+                              max_num_seqs=seqs // d.ranks).kv_blocks
+
+
 def server_limits(target: Target) -> tuple[int, int]:
     """(max_num_seqs, token budget) of the server the target's export was distilled for: the
-    largest of its runs', else the nominal 256 and 8,192 (:func:`mixes`)."""
+    largest of its runs', else the nominal 256 and 8,192 (:func:`mixes`); for a data-parallel
+    deployment, all its ranks' together (BLIS's one scheduler)."""
+    r = target.deployment.ranks               # BLIS schedules all ranks as one (:class:`Deployment`)
     if target.experiments:
-        return (max(int(e.max_num_seqs) for e in target.experiments),
-                max(int(e.max_num_batched_tokens) for e in target.experiments))
-    return NOMINAL_MAX_NUM_SEQS, NOMINAL_BUDGET
+        return (r * max(int(e.max_num_seqs) for e in target.experiments),
+                r * max(int(e.max_num_batched_tokens) for e in target.experiments))
+    return r * NOMINAL_MAX_NUM_SEQS, r * NOMINAL_BUDGET
 
 
 def trace_prefix(path: os.PathLike, export: DeploymentExport, target: Target) -> Path:
@@ -629,7 +655,9 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
     (:func:`trace_prefix`) and a ``blis replay`` of that trace. Always: the coefficients as
     ``--alpha-coeffs``/``--beta-coeffs`` over ``defaults`` (BLIS reads its other settings from a
     defaults file, ``./defaults.yaml`` unless ``--defaults-filepath`` names one, and fails
-    without it). ``blis``: the binary's path (None: ``blis``, with a line saying so)."""
+    without it). ``blis``: the binary's path (None: ``blis``, with a line saying so). A
+    data-parallel deployment's commands carry BLIS's ``--dp`` flags, and its limits and KV blocks
+    (``--total-kv-blocks``, :func:`blis_kv_blocks`) summed over its ranks."""
     import shlex
     lines = []
     hw_path = Path(hardware_config).resolve()
@@ -640,7 +668,7 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
         a0 = (f"alpha0 {ex.alpha[0]:,.0f} us = API {ft['api_us']:,.0f} + first-token cycle {ft['cycle_delay_us']:,.0f}"
               if ft else f"alpha0 {ex.alpha[0]:,.0f} us")
         d = ex.distill_mape()
-        deps = ", ".join(f"{t.blis_model} TP{t.deployment.tp}" for t in ex.targets)
+        deps = ", ".join(f"{t.blis_model} {t.deployment.title}" for t in ex.targets)
         m = ex.metrics.get("mixes", {})
         lines.append(f"{deps} on {ex.hardware}: {a0}"
                      + (f"; betas held-out {d:.1f} % vs native" if d is not None else "")
@@ -651,12 +679,18 @@ def usage(exports: Sequence[DeploymentExport], paths: Sequence[os.PathLike] | No
             lines.append(f"  clock: {ex.metrics['clock']['how']}")
             if ex.metrics["clock"].get("cycles"):
                 lines.append(f"  cycle per stage, boost -> its own clock: {ex.metrics['clock']['cycles']}")
-        for t in ex.targets:
+        for j, t in enumerate(ex.targets):
             seqs, budget = server_limits(t)
-            base = ["--model", t.blis_model, "--tp", str(t.deployment.tp), "--hardware", ex.hardware,
+            base = ["--model", t.blis_model, "--tp", str(t.deployment.tp), *t.deployment.blis_flags(),
+                    "--hardware", ex.hardware,
                     "--latency-model", "trained-physics", "--model-config-folder", str(config_folder(t)),
                     "--hardware-config", str(hw_path)]
             limits = ["--max-num-seqs", str(seqs), "--max-num-batched-tokens", str(budget)]
+            kv = ex.kv_blocks[j] if j < len(ex.kv_blocks) else None
+            if kv is not None:
+                limits += ["--total-kv-blocks", str(kv)]
+                lines.append(f"  BLIS schedules the {t.deployment.ranks} data-parallel ranks as one: the limits and "
+                             "KV blocks below are all ranks' together (vLLM's are per rank)")
             if paths is not None:
                 own = ["--defaults-filepath", str(Path(paths[i]).resolve())]
                 prefix = str(trace_prefix(paths[i], ex, t))

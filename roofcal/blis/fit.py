@@ -33,7 +33,7 @@ step time, next to the native model's error and the input defaults' error.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -57,7 +57,7 @@ from roofcal.blis.sampling import (
     sample_steps,
 )
 from roofcal.model.coeffs import round_sig
-from roofcal.physics.config import ModelSpec, check_tp, load_model, resolve_config_path
+from roofcal.physics.config import ModelSpec, Parallel, check_tp, load_model, resolve_config_path, served
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import GPUSpec, load_gpu
 from roofcal.metrics import error_summary, split_groups
@@ -120,10 +120,54 @@ BETA_BOUNDS = (
 @dataclass(frozen=True)
 class Deployment:
     """A model (bundled name or config path, as :attr:`roofcal.config.ModelSpec.ref` gives it) served
-    at tensor-parallel degree ``tp``."""
+    at tensor-parallel degree ``tp``, and beyond TP as ``parallel`` says (data-parallel ranks,
+    expert parallelism, MoE comm backend; default: TP alone).
+
+    BLIS simulates a data-parallel deployment as one scheduler over the batch of all its ranks
+    (with ``--dp 2`` and ``--max-num-seqs 4`` its batch stays 4 and each step's time halves,
+    measured with the bundled binary), where vLLM runs a scheduler per rank: so a deployment's
+    server limits and KV cache are :meth:`ranks` times one rank's."""
 
     model: str
     tp: int
+    parallel: Parallel = field(default=Parallel())
+
+    @property
+    def ranks(self) -> int:
+        """Data-parallel ranks (1 for a TP deployment)."""
+        return int(self.parallel.dp)
+
+    @property
+    def label(self) -> str:
+        """``tp<T>``, with ``dp<N>``, ``ep`` and a non-default MoE comm backend where given."""
+        p = self.parallel
+        if p == Parallel():
+            return f"tp{self.tp}"
+        return f"tp{self.tp} dp{p.dp}" + (" ep" if p.ep else "") \
+            + ("" if p.moe_comm == Parallel().moe_comm else f" {p.moe_comm}")
+
+    @property
+    def title(self) -> str:
+        """``TP<T>``, with ``DP<N> EP (<backend>)`` where given: how printed lines name it."""
+        p = self.parallel
+        if p == Parallel():
+            return f"TP{self.tp}"
+        return f"TP{self.tp} DP{p.dp}" + (" EP" if p.ep else "") + f" ({p.moe_comm})"
+
+    def served(self, spec: ModelSpec) -> ModelSpec:
+        """``spec`` as this deployment serves it (:func:`roofcal.physics.config.served`)."""
+        if self.parallel == Parallel():
+            return spec
+        p = self.parallel
+        return served(spec, p.dp, p.ep, p.moe_comm, where=f"--model {self.model} --tp {self.tp} --dp {p.dp}")
+
+    def blis_flags(self) -> list[str]:
+        """BLIS's flags for the layout beyond TP (none for a TP deployment)."""
+        p = self.parallel
+        if p == Parallel():
+            return []
+        return ["--dp", str(p.dp)] + (["--enable-expert-parallel"] if p.ep else []) \
+            + ["--moe-comm-backend", p.moe_comm]
 
 
 @dataclass(frozen=True)
@@ -175,10 +219,12 @@ def resolve_deployment(dep: Deployment, hw: BlisHardware, where: str = "",
     try:
         spec = spec if spec is not None else load_model(dep.model)
         check_tp(spec, int(dep.tp), where=prefix)
+        spec = dep.served(spec)
         path = spec.config_path or resolve_config_path(spec.ref)
         cfg = read_config_json(path)
         blis_model = blis_model_from_dict(cfg, spec.name, path)
-        constants = blis_constants(blis_model, hw, int(dep.tp))
+        constants = blis_constants(blis_model, hw, int(dep.tp), dep.ranks,
+                                   dep.parallel.moe_comm if dep.ranks > 1 else "")
     except RoofcalError as err:
         msg = str(err)
         raise RoofcalError(msg if msg.startswith(prefix) else f"{prefix}: {msg}") from None
@@ -282,20 +328,25 @@ def build_rows(params: dict | None, gpu: GPUSpec | None, deployments: Sequence[R
     holdout, seed = measured_split if measured_split is not None else (settings.holdout, settings.seed)
     pending, jobs = [], []
     for r in deployments:
-        name, tp = r.spec.name, int(r.deployment.tp)
-        capacity = kv_capacity_tokens(r.spec, gpu, tp, settings.sampler.gpu_memory_utilization)
-        sample = sample_steps(deployment_seed(settings.seed, name, tp), settings.samples, r.max_context,
-                              capacity, settings.sampler)
+        name, tp, ranks = r.spec.name, int(r.deployment.tp), r.deployment.ranks
+        # a data-parallel deployment's batch is all its ranks': each rank's limits and KV cache
+        capacity = ranks * kv_capacity_tokens(r.spec, gpu, tp, settings.sampler.gpu_memory_utilization)
+        sampler = settings.sampler if ranks == 1 else replace(
+            settings.sampler, max_num_seqs=ranks * settings.sampler.max_num_seqs,
+            token_budgets=tuple(ranks * b for b in settings.sampler.token_budgets))
+        key = name if ranks == 1 else f"{name} {r.deployment.label}"
+        sample = sample_steps(deployment_seed(settings.seed, key, tp), settings.samples, r.max_context,
+                              capacity, sampler)
         n = len(sample)
         test = np.zeros(n, bool)
-        pick = deployment_seed(settings.seed, name, tp, stream=1).permutation(n)
+        pick = deployment_seed(settings.seed, key, tp, stream=1).permutation(n)
         test[pick[: int(round(settings.holdout * n))]] = True
         pending.append(("distill", _basis_np(r.constants, sample.requests), None, sample.phase,
-                        np.full(n, f"{name} tp{tp}"), test, np.ones(n, bool), None))
+                        np.full(n, f"{name} {r.deployment.label}"), test, np.ones(n, bool), None))
         jobs.append((r.spec, gpu, tp, sample.steps))
     for i, d in enumerate(datasets):
-        r = resolve_deployment(Deployment(d.model.ref, d.tp), hw, where=f"{d.source}: {d.model.name} tp {d.tp}",
-                               spec=d.model)
+        r = resolve_deployment(Deployment(d.model.ref, d.tp, d.model.parallel), hw,
+                               where=f"{d.source}: {d.model.name} tp {d.tp}", spec=d.model)
         requests = blis_requests_from_steps(d.batch, d.source)
         source = "measured" if dataset_sources is None else dataset_sources[i]
         pending.append((source, _basis_np(r.constants, requests), np.asarray(d.measured_us, np.float64),

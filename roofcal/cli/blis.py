@@ -21,12 +21,18 @@ from roofcal.errors import RoofcalError
 
 def _deployments(a):
     """Deployments from ``--model`` × ``--tp`` (None when neither is given). A model written
-    ``NAME:T1,T2`` carries its own TP degrees instead of ``--tp``'s."""
+    ``NAME:T1,T2`` carries its own TP degrees instead of ``--tp``'s. ``--dp``,
+    ``--enable-expert-parallel`` and ``--moe-comm-backend`` lay every one of them out beyond TP."""
     import re
 
     from roofcal.blis.fit import Deployment
 
+    from roofcal.physics.config import Parallel
+    layout = Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)
     if not a.model and not a.tp:
+        if layout != Parallel():
+            raise RoofcalError("--dp, --enable-expert-parallel and --moe-comm-backend apply to the "
+                               "deployments given by --model NAME:TP")
         return None
     out, plain = [], False
     for m in a.model or []:
@@ -41,7 +47,7 @@ def _deployments(a):
                            "or --model NAME:TP[,TP...]")
     if a.tp and not plain:
         raise RoofcalError("--tp given but every --model names its own TP degrees (NAME:TP,...)")
-    return out
+    return out if layout == Parallel() else [Deployment(d.model, d.tp, layout) for d in out]
 
 
 def _settings(a, deployment_export: bool = False):
@@ -266,6 +272,8 @@ def _fit_options(s, deployment_samples: bool = False) -> None:
                    "(repeatable; default: the deployments of the runs the stack was calibrated on, else the "
                    "coefficient file's fit.deployments)")
     s.add_argument("--tp", action="append", type=int, help="TP degree to distil for (repeatable; with --model)")
+    from roofcal.cli.main import add_parallel_options
+    add_parallel_options(s)
     s.add_argument("--hardware-config", default=str(resources.BLIS_HARDWARE),
                    help="BLIS hardware_config.json (default: the bundled one)")
     s.add_argument("--hardware", help="its entry to fit for (default: the entry aliasing the coefficients' GPU)")

@@ -191,7 +191,8 @@ def weights_bytes_per_gpu(model: ModelSpec, tp: int, weight_dtype: str | None = 
     Linear layers (attention, dense MLP ``m·d·I/tp``, routed experts ``E·m·d·I_moe/tp``, shared
     experts ``m·d·I_shared/tp``) in the weight dtype, or in the activation dtype when the checkpoint
     leaves them unquantised (``ModelSpec.unquantized``); embedding and LM head ``rows/GPU × d``,
-    router ``d × E``, RMSNorms (2 per layer + final) in the activation dtype.
+    router ``d × E``, RMSNorms (2 per layer + final) in the activation dtype. A data-parallel
+    deployment (``model.parallel``) splits the routed experts over all its dp·TP GPUs.
     Llama-2-7B TP 1 (fp16): 32 × (67,108,864 + 3·4096·11008 + 2·4096) + 2 · 32000·4096 + 4096 =
     6,738,415,616 parameters → 13,476,831,232 bytes (12.55 GiB).
     """
@@ -201,7 +202,11 @@ def weights_bytes_per_gpu(model: ModelSpec, tp: int, weight_dtype: str | None = 
     attn_linear, attn_norms = attention_params_per_gpu(model, tp)
     o_proj = model.num_heads // tp * model.v_dim * d
     dense_mlp = m * d * model.intermediate / tp
-    moe_linear = (model.num_experts * m * d * model.moe_intermediate + m * d * model.shared_intermediate) / tp
+    # routed experts split over all dp·TP GPUs of a data-parallel deployment (``model.parallel``)
+    dp = model.parallel.dp
+    experts_split = tp * dp
+    moe_linear = (model.num_experts * m * d * model.moe_intermediate
+                  + dp * m * d * model.shared_intermediate) / experts_split
     router = d * model.num_experts
     linear = (model.num_layers * attn_linear + model.num_dense_layers * dense_mlp
               + model.num_moe_layers * moe_linear)
@@ -211,7 +216,7 @@ def weights_bytes_per_gpu(model: ModelSpec, tp: int, weight_dtype: str | None = 
              "mlp_down": model.num_dense_layers * d * model.intermediate / tp,
              "shared_up": model.num_moe_layers * (m - 1) * d * model.shared_intermediate / tp,
              "shared_down": model.num_moe_layers * d * model.shared_intermediate / tp,
-             "moe": model.num_moe_layers * model.num_experts * m * d * model.moe_intermediate / tp}
+             "moe": model.num_moe_layers * model.num_experts * m * d * model.moe_intermediate / experts_split}
     unquantized = sum(v for c, v in parts.items() if c in model.unquantized)
     vocab = vocab_rows_per_gpu(model, tp) * d * (1 if model.tie_word_embeddings else 2)
     plain = (vocab + model.num_moe_layers * router + model.num_layers * (2 * d + attn_norms) + d)

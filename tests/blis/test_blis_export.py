@@ -530,15 +530,23 @@ def test_deployment_arguments():
     from argparse import Namespace
 
     from roofcal.cli.blis import _deployments
+    from roofcal.physics.config import Parallel
 
-    assert _deployments(Namespace(model=None, tp=None)) is None
-    assert _deployments(Namespace(model=["a", "b"], tp=[1, 2])) == [
+    def ns(model, tp, dp=1, ep=False, comm="allgather_reducescatter"):
+        return Namespace(model=model, tp=tp, dp=dp, enable_expert_parallel=ep, moe_comm_backend=comm)
+
+    assert _deployments(ns(None, None)) is None
+    assert _deployments(ns(["a", "b"], [1, 2])) == [
         Deployment("a", 1), Deployment("a", 2), Deployment("b", 1), Deployment("b", 2)]
-    assert _deployments(Namespace(model=["a:4,8", "b:1"], tp=None)) == [
+    assert _deployments(ns(["a:4,8", "b:1"], None)) == [
         Deployment("a", 4), Deployment("a", 8), Deployment("b", 1)]
+    assert _deployments(ns(["a:1"], None, 8, True, "deepep_low_latency")) == [
+        Deployment("a", 1, Parallel(8, True, "deepep_low_latency"))]
     for model, tp in ((["a"], None), (None, [1]), (["a:4"], [2])):
         with pytest.raises(RoofcalError, match="--tp|--model"):
-            _deployments(Namespace(model=model, tp=tp))
+            _deployments(ns(model, tp))
+    with pytest.raises(RoofcalError, match="--dp"):
+        _deployments(ns(None, None, dp=2))
 
 
 # ------------------------------------------------------------------------------------------

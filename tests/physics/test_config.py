@@ -10,10 +10,22 @@ from roofcal.errors import RoofcalError
 
 def test_every_bundled_config_parses():
     names = bundled_models()
-    assert len(names) == 14
+    assert len(names) == 18
     for name in names:
         m = load_model(name)
         assert m.num_layers > 0 and m.hidden > 0 and m.head_dim > 0
+
+
+def test_large_moe_models_served_with_data_and_expert_parallelism():
+    # (layers, dense layers, routed experts, top-k, shared width, GEMM format, MLA), from their configs
+    want = {"deepseek-v3": (61, 3, 256, 8, 2048, "fp8_block", True),
+            "kimi-k2-instruct": (61, 1, 384, 8, 2048, "fp8_block", True),
+            "llama-4-maverick-17b-128e-instruct": (48, 24, 128, 1, 8192, "bf16", False),
+            "qwen3-235b-a22b": (94, 0, 128, 8, 0, "bf16", False)}
+    for name, fields in want.items():
+        m = load_model(name)
+        assert (m.num_layers, m.num_dense_layers, m.num_experts, m.experts_per_tok, m.shared_intermediate,
+                m.weight_dtype, m.is_mla) == fields, name
 
 
 def test_llama2_7b_fields():
