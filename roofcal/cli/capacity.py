@@ -10,15 +10,20 @@ from __future__ import annotations
 
 def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
                   block_size: int = 16, context: int = 4096, weight_dtype: str | None = None,
-                  max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> str:
-    """The ``roofcal capacity`` report (a one-row table and the notes)."""
+                  max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, parallel=None) -> str:
+    """The ``roofcal capacity`` report (a one-row table and the notes); ``parallel``: the layout
+    beyond TP (:class:`roofcal.physics.config.Parallel`), whose every rank the report is of."""
     from roofcal.physics.capacity import GIB, capacity, max_batch
     from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     from roofcal.tables import table
     from roofcal.errors import RoofcalError
     from roofcal.model.domain import context_limit
+    from roofcal.physics.config import Parallel, check_tp, served
     spec, g = load_model(model), load_gpu(gpu)
+    if parallel is not None and parallel != Parallel():
+        check_tp(spec, tp)
+        spec = served(spec, parallel.dp, parallel.ep, parallel.moe_comm)
     limit = context_limit(spec)
     if limit and context > limit:
         raise RoofcalError(f"--context {context:,} exceeds {spec.name}'s limit of {limit:,} tokens "
@@ -27,6 +32,7 @@ def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_mem
                    block_size=block_size, weight_dtype=weight_dtype,
                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
     row = {"model": spec.name, "GPU": g.name, "TP": tp,
+           **({} if spec.parallel == Parallel() else {"DP": spec.parallel.dp, "EP": spec.parallel.ep}),
            "weights GiB/GPU": cap.weights_bytes_per_gpu / GIB,
            "KV bytes/token/GPU": cap.kv_bytes_per_token_per_gpu,
            "KV GiB/GPU": cap.kv_blocks * cap.block_size * cap.kv_bytes_per_token_per_gpu / GIB,
@@ -39,12 +45,17 @@ def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_mem
                      f"{cap.kv_blocks:,} ({cap.kv_tokens:,} tokens)")
     lines += ["", "assumed:"]
     lines += [f"  - {n}" for n in cap.notes]
+    if spec.parallel != Parallel():
+        lines.append(f"  - per data-parallel rank (each of the {spec.parallel.dp} holds its own KV cache and batch); "
+                     f"the routed experts split over all {spec.parallel.dp * tp} GPUs")
     return "\n".join(lines)
 
 
 def cmd_capacity(a) -> None:
+    from roofcal.physics.config import Parallel
     print(capacity_text(a.model, a.gpu, a.tp, a.kv_dtype, a.gpu_memory_utilization, a.block_size, a.context,
-                        a.weight_dtype, a.max_num_batched_tokens, a.max_num_seqs))
+                        a.weight_dtype, a.max_num_batched_tokens, a.max_num_seqs,
+                        Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)))
 
 
 def register(sub) -> None:
@@ -53,6 +64,8 @@ def register(sub) -> None:
     s.add_argument("--model", required=True, help="bundled model name or config.json")
     s.add_argument("--gpu", required=True, help="bundled GPU name or datasheet .yaml")
     s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    from roofcal.cli.main import add_parallel_options
+    add_parallel_options(s)
     s.add_argument("--kv-dtype", default="auto", help="KV-cache dtype: auto (the model's) or fp8")
     s.add_argument("--weight-dtype", default=None, help="weight dtype of the linear layers (default: the model's)")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's share of GPU memory")

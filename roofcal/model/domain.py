@@ -264,12 +264,18 @@ def fits_memory(model, gpu, tp: int, batch: StepBatch) -> np.ndarray:
     """Whether vLLM could run each step at once with ``model`` on ``gpu`` at TP ``tp`` and its
     defaults: every sequence's whole KV blocks fit the cache and there are at most max_num_seqs
     (256) sequences (:func:`roofcal.physics.capacity.fits`); all False when vLLM could not even
-    start (the weights do not fit)."""
+    start (the weights do not fit). A data-parallel deployment's step (``model.parallel``) is all
+    its ranks' batches: it fits when its KV blocks fit the ranks' caches together and its
+    busiest rank (⌈n/dp⌉ sequences) stays within max_num_seqs."""
     try:
         c = cap_.capacity(model, gpu, tp)
     except RoofcalError:
         return np.zeros(batch.num_steps, bool)
-    return cap_.fits(c, batch)
+    ranks = model.parallel.dp
+    if ranks == 1:
+        return cap_.fits(c, batch)
+    return (cap_.kv_blocks_needed(batch, c.block_size) <= ranks * c.kv_blocks) \
+        & (np.ceil(cap_.sequences(batch) / ranks) <= c.max_num_seqs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -295,7 +295,8 @@ def capacity(model: ModelSpec, gpu: GPUSpec, tp: int, kv_dtype: str = "auto",
     if weights >= requested:
         raise RoofcalError(
             f"{model.name} at TP {tp} does not fit on {gpu.name}: weights take {weights / GIB:.1f} GiB "
-            f"per GPU of {requested / GIB:.1f} GiB usable; raise --tp")
+            f"per GPU of {requested / GIB:.1f} GiB usable; raise --tp"
+            + (" (or spread the experts: --dp N --enable-expert-parallel)" if model.is_moe else ""))
     blocks = int(available // (block_size * per_token)) if available > 0 else 0
     if blocks < 1:
         # say what to change: the profiling run's size when the activations are the larger share

@@ -97,3 +97,33 @@ def test_predict_times_the_deployment_on_its_busiest_rank():
     assert 0.2 < att.iloc[1] < 0.35
     assert (dp4["moe_dispatch_us"] > 0).all() and (dp4["moe_combine_us"] > 0).all()
     assert (dp4["predicted_us"] < tp2["predicted_us"]).all()
+
+
+def test_each_gpu_of_a_dp_deployment_holds_its_share_of_the_experts():
+    from roofcal.physics.capacity import weights_bytes_per_gpu
+    experts = 32 * 8 * 3 * 4096 * 14336 * 2            # Mixtral's routed experts, bf16 bytes
+    whole = weights_bytes_per_gpu(MIXTRAL, 1)
+    assert whole - weights_bytes_per_gpu(served(MIXTRAL, 4, ep=True), 1) == pytest.approx(0.75 * experts, abs=1)
+    # DP 2 × TP 2: every expert over 4 GPUs, attention over the rank's 2
+    assert weights_bytes_per_gpu(served(MIXTRAL, 2), 2) == pytest.approx(
+        weights_bytes_per_gpu(MIXTRAL, 2) - experts / 2 + experts / 4, abs=1)
+
+
+def test_capacity_reports_one_rank(capsys):
+    from roofcal.cli.main import main
+    assert main(["capacity", "--model", "mixtral-8x7b-v0.1", "--gpu", "h100_sxm", "--tp", "1"]) == 2
+    assert "--dp N --enable-expert-parallel" in capsys.readouterr().err      # 87 GiB of weights
+    assert main(["capacity", "--model", "mixtral-8x7b-v0.1", "--gpu", "h100_sxm", "--tp", "1", "--dp", "4",
+                 "--enable-expert-parallel"]) == 0
+    out = capsys.readouterr().out
+    assert "| 4  | True |" in out and "per data-parallel rank" in out
+
+
+def test_a_step_of_all_ranks_fits_when_each_rank_does():
+    from roofcal.model.domain import fits_memory
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.physics.steps import batch_steps
+    gpu = load_gpu("h100_sxm")
+    batch = batch_steps([Step(decode=tuple([1000] * 512)), Step(decode=tuple([1000] * 1100))])
+    # 4 ranks of max_num_seqs 256: 512 sequences fit (128 a rank), 1,100 do not (275 on the busiest)
+    assert list(fits_memory(served(MIXTRAL, 4, ep=True), gpu, 1, batch)) == [True, False]
