@@ -240,16 +240,24 @@ def cmd_saturation(a) -> None:
     spec, gpu = load_model(a.model), load_gpu(a.gpu or c.gpu)
     c.check_gpu(gpu, where="--gpu")
     check_tp(spec, a.tp)
-    kv = a.kv_blocks or capacity(spec, gpu, a.tp, max_num_batched_tokens=a.max_num_batched_tokens,
-                                 max_num_seqs=a.max_num_seqs).kv_blocks
+    from roofcal.physics.config import Parallel, served
+    par = Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)
+    if par != Parallel():
+        spec = served(spec, par.dp, par.ep, par.moe_comm)
+    # a data-parallel deployment's steady state is all its ranks' (each with vLLM's limits)
+    r = par.dp
+    kv = r * (a.kv_blocks or capacity(spec, gpu, a.tp, max_num_batched_tokens=a.max_num_batched_tokens,
+                                      max_num_seqs=a.max_num_seqs).kv_blocks)
     load = Load(rate=1.0, duration=1.0, prompt=float(a.prompt), cached=float(a.cached), output=float(a.output),
-                max_seqs=a.max_num_seqs, budget=a.max_num_batched_tokens)
+                max_seqs=r * a.max_num_seqs, budget=r * a.max_num_batched_tokens)
     from roofcal.model.operating import power_of
     s = saturation(c.params, spec, gpu, a.tp, load, kv, power=power_of(c, gpu) if a.clock == "sustained" else None)
-    print(f"{spec.name} TP{a.tp} on {gpu.name} (stack {c.stack}), {a.prompt}-token prompts ({a.cached} cached), "
-          f"{a.output} output tokens: sustains {s.rate:.2f} requests/s; limited by {s.limit} "
+    layout = f"TP{a.tp}" + ("" if r == 1 else f" DP{r}" + (" EP" if par.ep else "") + f" ({par.moe_comm})")
+    per_gpu = "" if r == 1 else f" ({s.rate / (r * a.tp):.3f} per GPU)"
+    print(f"{spec.name} {layout} on {gpu.name} (stack {c.stack}), {a.prompt}-token prompts ({a.cached} cached), "
+          f"{a.output} output tokens: sustains {s.rate:.2f} requests/s{per_gpu}; limited by {s.limit} "
           f"({s.running:.0f} running, {s.prefills:.2f} prompt chunks per step, cycle {s.cycle_us / 1000:.1f} ms; "
-          f"KV blocks {kv:,}: {s.kv_limit:.0f} requests fit)")
+          f"KV blocks {kv:,}{'' if r == 1 else ' over the ranks'}: {s.kv_limit:.0f} requests fit)")
     print(f"clock: {s.operating.text() if a.clock == 'sustained' else 'burst (as the per-op tables were timed)'}")
 
 
@@ -409,13 +417,16 @@ def register(sub) -> None:
     s.add_argument("--model", required=True, help="bundled model name or config.json")
     s.add_argument("--gpu", help="GPU (default: the coefficient file's)")
     s.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
+    from roofcal.cli.main import add_parallel_options
+    add_parallel_options(s)
     s.add_argument("--prompt", type=int, required=True, help="prompt tokens per request")
     s.add_argument("--cached", type=int, default=0, help="of them in the prefix cache (default 0)")
     s.add_argument("--output", type=int, required=True, help="generated tokens per request")
-    s.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's max_num_seqs (default 256)")
+    s.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's max_num_seqs (default 256; per data-parallel rank)")
     s.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="vLLM's token budget per step (default 8192)")
-    s.add_argument("--kv-blocks", type=int, help="GPU KV blocks (default: roofcal capacity, vLLM's rule)")
+                   help="vLLM's token budget per step (default 8192; per data-parallel rank)")
+    s.add_argument("--kv-blocks", type=int,
+                   help="GPU KV blocks (default: roofcal capacity, vLLM's rule; per data-parallel rank)")
     _clock_option(s)
     s.set_defaults(func=cmd_saturation)
 

@@ -127,3 +127,13 @@ def test_a_step_of_all_ranks_fits_when_each_rank_does():
     batch = batch_steps([Step(decode=tuple([1000] * 512)), Step(decode=tuple([1000] * 1100))])
     # 4 ranks of max_num_seqs 256: 512 sequences fit (128 a rank), 1,100 do not (275 on the busiest)
     assert list(fits_memory(served(MIXTRAL, 4, ep=True), gpu, 1, batch)) == [True, False]
+
+
+def test_saturation_of_a_dp_deployment_counts_every_rank(capsys):
+    from roofcal.cli.main import main
+    base = ["workload", "saturation", "--coeffs", "coeffs/h100_sxm.yaml", "--model", "mixtral-8x7b-v0.1",
+            "--prompt", "1000", "--output", "200", "--clock", "burst"]
+    assert main([*base, "--tp", "1", "--dp", "4", "--enable-expert-parallel"]) == 0
+    out = capsys.readouterr().out
+    # four ranks of max_num_seqs 256 each: 1,024 running at the limit, the rate also per GPU
+    assert "TP1 DP4 EP (allgather_reducescatter)" in out and "(1024 running" in out and "per GPU)" in out
