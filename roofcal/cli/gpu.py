@@ -218,8 +218,10 @@ def cmd_whatif(a) -> None:
     from roofcal.tables import table
     from roofcal.transfer.whatif import FIELDS, by_phase, describe, parse_changes, whatif
     changes = parse_changes(a.set)
+    from roofcal.physics.config import Parallel
     df = whatif(a.steps, coeffs=a.coeffs, model=a.model, gpu=a.gpu, tp=a.tp, changes=changes,
-                rule=None if a.fixed_efficiency else a.rule)
+                rule=None if a.fixed_efficiency else a.rule,
+                parallel=Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend))
     phases = by_phase(df)
     what = ", ".join(f"{k}={v:g}" for k, v in changes.items()) or "no change"
     how = "fixed in shape" if a.fixed_efficiency else f"carried by bootstrap rule '{a.rule}'"
@@ -292,6 +294,8 @@ def register(sub) -> None:
     s.add_argument("--model", help="bundled model name or config.json (for steps without one)")
     s.add_argument("--gpu", help="bundled GPU name or datasheet (for steps without one)")
     s.add_argument("--tp", type=int, help="tensor-parallel degree (for steps without one)")
+    from roofcal.cli.main import add_parallel_options
+    add_parallel_options(s)
     s.add_argument("--set", nargs="+", action="extend", default=[], metavar="FIELD=VALUE",
                    help="datasheet changes, e.g. hbm_bandwidth_tbs=4.8")
     s.add_argument("--rule", default=DEFAULT_RULE, choices=RULES,

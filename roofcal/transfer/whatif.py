@@ -36,8 +36,8 @@ from roofcal.model import correction as K
 from roofcal.model import curves
 from roofcal.transfer.bootstrap import DEFAULT_RULE, op_rates, shifted_range, shifts
 from roofcal.physics.components import ideal_times
-from roofcal.physics.config import ModelSpec
-from roofcal.physics.decompose import step_ops
+from roofcal.physics.config import ModelSpec, Parallel
+from roofcal.physics.decompose import busiest_rank, step_ops
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import NUMERIC_FIELDS, GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
@@ -119,7 +119,7 @@ def step_times(params: dict, theta: dict, model: ModelSpec, gpu: GPUSpec, ref: G
                                            c.work, rates[name], op_rates(ref, c.kind, c.variant),
                                            rule)
                    for name, c in calls.items()}
-    out = combine(params["step"], model, tp, t, kernels)
+    out = combine(params["step"], model, tp, busiest_rank(t, model.parallel.dp), kernels)
     out[FIXED] = fixed_time(params, calls, kernels, out)
     return out
 
@@ -190,14 +190,15 @@ def whatif_batch(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: S
 
 
 def whatif(steps, coeffs=None, model=None, gpu=None, tp: int | None = None, changes=None,
-           rule: str | None = DEFAULT_RULE) -> pd.DataFrame:
+           rule: str | None = DEFAULT_RULE, parallel: Parallel = Parallel()) -> pd.DataFrame:
     """``roofcal whatif``: one row per step (input order): step, phase, model, gpu, tp, before_us,
     after_us, change_pct, ``d_<field>`` elasticities and fixed_share. ``steps``/``model``/``gpu``/
-    ``tp``/``coeffs`` as in :func:`roofcal.predict.predict`; ``changes`` {field: value}."""
+    ``tp``/``coeffs``/``parallel`` as in :func:`roofcal.predict.predict`; ``changes`` {field: value}."""
     from roofcal.model.predict import per_deployment
     df = per_deployment(steps, model, gpu, tp, coeffs,
                         lambda c, spec, gspec, t, batch, recs:
-                        whatif_batch(c.params, spec, gspec, t, batch, changes or {}, rule))
+                        whatif_batch(c.params, spec, gspec, t, batch, changes or {}, rule),
+                        parallel=parallel)
     before = df["before_us"].to_numpy()
     df.insert(df.columns.get_loc("after_us") + 1, "change_pct", np.where(
         before > 0, (df["after_us"].to_numpy() / np.maximum(before, 1e-30) - 1.0) * 100.0, 0.0))

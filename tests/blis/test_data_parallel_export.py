@@ -25,6 +25,7 @@ def _metrics(stdout: str) -> dict:
     return json.loads(stdout[start:] if start >= 0 else stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not BLIS.is_file(), reason="needs ../shared/tools/blis")
 def test_a_dp_ep_deployment_exports_beta_ep_and_runs_in_blis_as_printed(tmp_path, capsys):
     out = tmp_path / "dp"

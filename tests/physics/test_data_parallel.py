@@ -86,6 +86,7 @@ def test_bad_layouts_are_refused(kw, says):
         served(load_model("llama-2-7b-hf"), 2, ep=True)
 
 
+@pytest.mark.slow
 def test_predict_times_the_deployment_on_its_busiest_rank():
     steps = [Step(decode=tuple([1000] * 64)), Step(decode=tuple([1000] * 256))]
     kw = dict(model="mixtral-8x7b-v0.1", gpu="h100_sxm", coeffs="coeffs/h100_sxm.yaml")
@@ -137,3 +138,16 @@ def test_saturation_of_a_dp_deployment_counts_every_rank(capsys):
     out = capsys.readouterr().out
     # four ranks of max_num_seqs 256 each: 1,024 running at the limit, the rate also per GPU
     assert "TP1 DP4 EP (allgather_reducescatter)" in out and "(1024 running" in out and "per GPU)" in out
+
+
+@pytest.mark.slow
+def test_whatif_of_a_dp_deployment_starts_from_its_prediction():
+    from roofcal.transfer.whatif import whatif
+    steps = [Step(decode=tuple([1000] * 256))]
+    kw = dict(model="mixtral-8x7b-v0.1", gpu="h100_sxm", tp=1, coeffs="coeffs/h100_sxm.yaml",
+              parallel=Parallel(4, True))
+    before = whatif(steps, changes={}, rule=None, **kw)["before_us"].iloc[0]
+    assert before == pytest.approx(predict(steps, **kw)["predicted_us"].iloc[0], rel=1e-5)
+    # a faster link shortens only the dispatch and combine
+    faster = whatif(steps, changes={"interconnect_bandwidth_gbs": 900.0}, rule=None, **kw)
+    assert 0 < before - faster["after_us"].iloc[0] < 0.2 * before
