@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from roofcal.physics import components as C
 import jax.numpy as jnp
 
+from roofcal.physics import components as C
 from roofcal.physics.config import ACT_QUANT_BYTES, ModelSpec, Parallel, kv_heads_per_gpu
 from roofcal.physics.steps import StepTotals
 
