@@ -1,14 +1,15 @@
 """Bad input on every ``roofcal`` command: one line ``roofcal: error: …`` on stderr naming the file
 and field at fault, exit status 2, no traceback, and nothing written.
 
-Every case runs ``roofcal.cli.main.main(argv)`` in-process, in a fresh ``tmp_path`` (the current
-folder during the call, and the folder of :mod:`tempfile`) holding a copy of the inputs the cases
-need (:func:`make_inputs`, made once per module). A case passes when
+Every case runs ``roofcal.cli.main.main(argv)`` in-process, in a folder (the current folder during
+the call, and the folder of :mod:`tempfile`) holding a copy of the inputs the cases need
+(:func:`make_inputs`, made once per module; the copy is made again after a case that changed it).
+A case passes when
 
 * ``main`` returns 2 (or argparse raises ``SystemExit(2)`` with its two-line usage + error form),
 * stderr is exactly one line, starting with ``roofcal: error:`` (argparse: ``roofcal …: error:``),
   and holds no ``Traceback``,
-* every file and folder under ``tmp_path`` (hidden ones included) is as it was before the call:
+* every file and folder of that copy (hidden ones included) is as it was before the call:
   no output, no temporary, no backup, no modified input.
 
 An exception escaping ``main`` is left to propagate: that is the traceback a user would see.
@@ -17,7 +18,8 @@ it notices bad input fails the case (cases known to be slow say so in a comment)
 
 A few cases (:data:`SUBPROCESS_CASES`) are replayed end to end as ``python -m roofcal.cli``.
 Inputs are read from the project (``coeffs/``, ``model_configs/``, ``data/``) and from
-``../shared`` (experiment folders, the BLIS binary); nothing is written outside ``tmp_path``.
+``../shared`` (experiment folders, the BLIS binary); nothing is written outside pytest's temporary
+folders.
 """
 
 from __future__ import annotations
@@ -648,18 +650,37 @@ def inputs(tmp_path_factory):
     return root
 
 
+def fresh_copy(inputs: Path, dest: Path) -> dict:
+    """``dest`` made a copy of ``inputs`` with an empty ``.tmp/``; its snapshot."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(inputs, dest)
+    (dest / ".tmp").mkdir()
+    return snapshot(dest)
+
+
+@pytest.fixture(scope="module")
+def copied(tmp_path_factory, inputs):
+    """One copy of the inputs (43 MB) for the module's cases: [folder, its snapshot]. A case that
+    leaves it as it found it (every case that passes: nothing written or changed) hands it on as
+    it is; after any other the next case gets a fresh copy (:func:`workdir`)."""
+    dest = tmp_path_factory.mktemp("bad-input-work") / "w"
+    return [dest, fresh_copy(inputs, dest)]
+
+
 @pytest.fixture
-def workdir(tmp_path, monkeypatch, inputs):
-    """``tmp_path`` with a copy of the inputs, as the current folder and the temporary folder."""
-    shutil.copytree(inputs, tmp_path, dirs_exist_ok=True)
-    (tmp_path / ".tmp").mkdir()
-    monkeypatch.chdir(tmp_path)
+def workdir(copied, monkeypatch, inputs):
+    """A copy of the inputs, as it was made, as the current folder and the temporary folder."""
+    root, made = copied
+    monkeypatch.chdir(root)
     monkeypatch.setenv("ROOFCAL_CACHE", "off")
     monkeypatch.setenv("COLUMNS", "100000")      # argparse's usage on one line
-    monkeypatch.setenv("TMPDIR", str(tmp_path / ".tmp"))
+    monkeypatch.setenv("TMPDIR", str(root / ".tmp"))
     monkeypatch.delenv("ROOFCAL_BLIS", raising=False)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ".tmp"))
-    return tmp_path
+    monkeypatch.setattr(tempfile, "tempdir", str(root / ".tmp"))
+    yield root
+    monkeypatch.undo()                           # out of the folder before it may be replaced
+    if snapshot(root) != made:                   # the case wrote or changed something (and failed)
+        copied[1] = fresh_copy(inputs, root)
 
 
 def invoke(argv, timeout):

@@ -98,6 +98,7 @@ def test_the_executable_ends_at_once_with_its_status_and_all_its_output():
     assert bad.stderr == "roofcal: error: --holdout must be in [0, 1), got 2.0\n"
 
 
+@pytest.mark.slow
 def test_a_roofcal_process_runs_no_full_collection_of_its_heap(tmp_path):
     """``python -m roofcal.cli`` (as ``roofcal``) tunes Python's cycle collector for a command
     that runs once (``cli.main.batch_gc``): the README's ``predict`` ran 7 full collections of
@@ -136,6 +137,7 @@ def test_fit_reports_which_kernel_set_predictions_use():
     assert set_role(bare, "vllm-0.24.0") == " (default)" and set_role(bare, "vllm-0.14.0") == ""
 
 
+@pytest.mark.slow
 def test_a_command_lists_the_programs_it_used_for_its_next_run_to_load_ahead(tmp_path):
     """``roofcal predict`` with a fresh store compiles and writes its programs and lists them
     (``predict.uses``), in the order used; the next runs load them ahead (``programs.prefetch``)

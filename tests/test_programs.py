@@ -70,6 +70,7 @@ def test_a_stored_program_is_read_back_without_tracing_and_computes_the_same(sto
     assert again.shape == (4, 20)                       # 1 + 3 + 6 + 10 monomials of degree ≤ 3
 
 
+@pytest.mark.slow
 def test_another_process_reads_the_program_one_wrote(store):
     K.features(Z, LO, HI, 2)
     script = ("import sys, jax, numpy as np\n"
@@ -163,6 +164,7 @@ def test_a_damaged_file_is_compiled_again_and_rewritten(store):
     assert traces(lambda: K.features(Z, LO, HI, 2))[1] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [P.FAST_COMPILE, P.LIGHT], ids=["fast_compile", "light"])
 def test_a_program_with_compiler_options_is_kept_apart_and_its_calls_inside_traces_are_not(store, options):
     """``options`` (``FAST_COMPILE``: ``combine.kernel_breakdown``, ``combine.combined``, the
@@ -217,6 +219,7 @@ def test_keys_are_texts_of_values_not_of_addresses():
             P.text_of(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start, fewer, fast", [("cold", 0, False), ("warm", 0, True), ("warm", 1, False)])
 def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store, monkeypatch, start, fewer, fast):
     """The L-BFGS blocks of a kernel fit (40 all-reduce rows), compiled for the store, read back
@@ -249,6 +252,7 @@ def test_a_kernel_fit_from_stored_programs_is_the_fit_jax_jit_gives(store, monke
     assert fitted() == compiled
 
 
+@pytest.mark.slow
 def test_a_step_fit_from_stored_programs_is_the_fit_jax_jit_gives(store):
     """The step level's Adam blocks (the splitwise steps, kernels held): their loss is keyed by
     value (``fit.HeldKernelsLoss``), so the program is compiled (for its compile time, cheap to
@@ -322,6 +326,7 @@ def test_a_stored_program_is_not_also_written_to_jax_cache_which_other_programs_
     assert before == 0 and after >= 1
 
 
+@pytest.mark.slow
 def test_a_prediction_from_stored_programs_is_the_prediction_without_them(tmp_path):
     """``roofcal predict`` (times and the out-of-domain flags, whose column labels the step
     program records while traced) run twice with the store — compiling, then reading — and once

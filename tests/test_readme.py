@@ -34,22 +34,37 @@ def setup_commands() -> tuple[str, str]:
     return install, parts[-1]
 
 
+def slow_tier_command() -> str:
+    """The README's command of the slow tier (``pytest -m slow``)."""
+    slow = [c for c in readme_commands() if "pytest" in c and re.search(r"-m\s+slow\b", c)]
+    assert len(slow) == 1, f"README: {len(slow)} commands run the slow tier, expected 1"
+    return slow[0]
+
+
 def test_ci_installs_and_tests_as_the_readme_says():
+    """CI installs as the README says and runs both of its test commands: the quick tier (the
+    default), then the slow tier."""
     install, test = setup_commands()
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
     # CI adds pip's quiet flag; the install is otherwise the README's, word for word
     assert install.replace("pip install", "pip install -q", 1) in ci, (install, ci)
     assert test in ci, (test, ci)
+    slow = slow_tier_command()
+    assert slow in ci and ci.index(test) < ci.index(slow), (slow, ci)
+    assert "set -euo pipefail" in ci                       # a failing tier (or exit 5) fails CI
 
 
 def test_readme_test_command_prints_the_summary_line(tmp_path):
     """The README's pytest flags together with pyproject's ``addopts`` still print the final
-    ``N passed`` line (``-q`` twice is ``-qq``: dots alone)."""
+    ``N passed`` line (``-q`` twice is ``-qq``: dots alone), and run the quick tier: a test
+    marked ``slow`` (here one that fails) is left to the slow tier's command."""
     _, test = setup_commands()
     argv = shlex.split(test)
     assert argv[:3] == ["python", "-m", "pytest"], test
-    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n", encoding="utf-8")
-    # the project's pytest configuration (pyproject.toml) with the README's flags, on one test
+    (tmp_path / "test_one.py").write_text("import pytest\n\n\ndef test_one():\n    assert True\n\n\n"
+                                          "@pytest.mark.slow\ndef test_slow():\n    assert False, 'the slow tier ran'\n",
+                                          encoding="utf-8")
+    # the project's pytest configuration (pyproject.toml) with the README's flags, on two tests
     proc = subprocess.run([sys.executable, "-m", "pytest", *argv[3:], "-c", str(ROOT / "pyproject.toml"),
                            "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path / "test_one.py")],
                           capture_output=True, text=True, timeout=120)

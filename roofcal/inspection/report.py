@@ -267,6 +267,10 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
     """
     if table_format not in TABLE_FORMATS:
         raise RoofcalError(f"residuals: table format {table_format!r} is not one of {', '.join(TABLE_FORMATS)}")
+    if out_dir is not None:                  # the report's own files, refused before any work
+        from roofcal.io import check_output
+        for name in (f"residuals.{table_format}", "attribution.csv", "summary.md"):
+            check_output(Path(out_dir) / name, "residuals report")
     c, spec, b = _resolve(coeffs, gpu, blis)
     m = _load_data(data, spec, model, tp)
     steps = _filter_steps(m.steps, model, tp)

@@ -378,6 +378,7 @@ def exported(tmp_path_factory):
     return out1, out2, form
 
 
+@pytest.mark.slow
 def test_export_blis_only_touches_the_beta_line(exported):
     out1, _, form = exported
     old, new = DEFAULTS.read_bytes().splitlines(keepends=True), out1.read_bytes().splitlines(keepends=True)
@@ -392,6 +393,7 @@ def test_export_blis_only_touches_the_beta_line(exported):
     assert len(fitted.beta) == 11 and all(b >= 0 for b in fitted.beta)
 
 
+@pytest.mark.slow
 def test_export_blis_is_deterministic_and_form_path_agrees(exported, tmp_path):
     out1, out2, form = exported
     assert read_defaults_coefficients(out1) == read_defaults_coefficients(out2)
@@ -401,6 +403,7 @@ def test_export_blis_is_deterministic_and_form_path_agrees(exported, tmp_path):
     assert again.read_bytes() == out1.read_bytes()
 
 
+@pytest.mark.slow
 def test_export_of_a_workload_calibrated_stack_writes_its_alphas(tmp_path):
     # the default stack of the shipped H100 file was calibrated on serving runs: its alphas (µs)
     # replace the input's, the betas are distilled with its overheads
@@ -424,6 +427,7 @@ def test_export_of_a_workload_calibrated_stack_writes_its_alphas(tmp_path):
     assert sum(doc["beta_coeffs"][4:7]) > sum(k["beta_coeffs"][4:7])   # per layer/request/step > 0 with CPU work
 
 
+@pytest.mark.slow
 def test_blis_form_reports_native_and_blis_heldout_side_by_side(exported):
     f = load_form(exported[2])
     held = f.metrics["heldout"]
@@ -470,6 +474,7 @@ def test_hardware_lookup_by_alias():
         hardware_for_gpu(HWCONFIG, load_gpu("h100_sxm"), "L40S")
 
 
+@pytest.mark.slow
 def test_mfu_definition_is_a_fraction():
     from roofcal.model import coeffs
 
@@ -601,6 +606,7 @@ def test_default_deployments_are_the_stacks_own_runs_then_the_fitted_steps():
                                                                                     ("llama-2-70b-hf", 8)]
 
 
+@pytest.mark.slow
 def test_non_bundled_model_config_fits_exports_and_inspects(tmp_path, capsys):
     cfg = _own_model(tmp_path)
     steps = _step_file(tmp_path / "steps.jsonl", model=str(cfg), gpu="h100_sxm", tp=1)
@@ -636,6 +642,7 @@ def test_resolve_deployment_takes_a_loaded_spec(tmp_path):
         resolve_deployment(Deployment(spec.ref, 3), H100, where="here", spec=spec)
 
 
+@pytest.mark.slow
 def test_export_distils_recorded_config_paths_and_scores_steps_without_a_model(tmp_path):
     from roofcal.blis.fit import BlisFitSettings
 
@@ -653,6 +660,7 @@ def test_export_distils_recorded_config_paths_and_scores_steps_without_a_model(t
     assert f"for {cfg.resolve()} TP1 on H100" in result.comment
 
 
+@pytest.mark.slow
 def test_scored_only_step_files_that_cannot_be_read_are_skipped_with_a_note(tmp_path):
     from roofcal.model import coeffs as coeff_io
     from roofcal.blis.distill import _coeff_step_data

@@ -18,6 +18,7 @@ SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 BLIS = SHARED / "tools" / "blis"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not BLIS.is_file(), reason=f"BLIS binary {BLIS} not found (../shared beside the project)")
 def test_a_bootstrapped_gpu_runs_in_blis_as_its_export_prints(tmp_path, capsys):
     boot, hw, out = tmp_path / "l40s.yaml", tmp_path / "hw.json", tmp_path / "d"

@@ -30,6 +30,7 @@ def _changed_lines(a: Path, b: Path) -> list[int]:
     return [i for i, (x, y) in enumerate(zip(la, lb)) if x != y]
 
 
+@pytest.mark.slow
 @needs_runs
 def test_one_file_per_deployment_with_its_own_alpha0(tmp_path, capsys):
     out = tmp_path / "blis"
@@ -62,6 +63,7 @@ def test_one_file_per_deployment_with_its_own_alpha0(tmp_path, capsys):
     assert "power-limited clock" not in (out / "llama-2-7b-hf-tp1.yaml").read_text()
 
 
+@pytest.mark.slow
 @needs_runs
 def test_the_load_line_counts_every_run_and_names_the_one_left_out(tmp_path, capsys):
     # Llama-2-7B's three runs: the reasoning run overloaded, so α0's load is the other two, and the
@@ -81,6 +83,7 @@ def test_the_load_line_counts_every_run_and_names_the_one_left_out(tmp_path, cap
     assert line.endswith("load: 1 run, its stages' steady state"), line
 
 
+@pytest.mark.slow
 @needs_runs
 def test_per_run_files(tmp_path):
     out = tmp_path / "runs"
@@ -89,6 +92,7 @@ def test_per_run_files(tmp_path):
     assert [p.name for p in out.iterdir()] == [f"{SEVEN_B.name}.yaml"]
 
 
+@pytest.mark.slow
 def test_nominal_load_without_runs(tmp_path, capsys):
     out = tmp_path / "nominal"
     assert main(["export", "blis", "--coeffs", str(COEFFS), "--defaults", str(DEFAULTS), "--out-dir", str(out),
@@ -131,6 +135,7 @@ def test_for_without_out_dir_and_an_out_dir_that_is_a_file(tmp_path, capsys):
     assert "exists and is not a folder" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_runs
 def test_what_validate_replays_is_what_export_writes(tmp_path, capsys):
     # the command `workload validate` prints for its exports writes the very coefficients it

@@ -72,6 +72,7 @@ def test_trace_is_written_all_or_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.csv"]     # no temporary left behind
 
 
+@pytest.mark.slow
 @needs_blis
 def test_blis_replays_a_real_runs_trace_as_rebuilt(tmp_path):
     """Every request is injected and completes; BLIS's input tokens are the rebuilt prompts; its
@@ -92,6 +93,7 @@ def test_blis_replays_a_real_runs_trace_as_rebuilt(tmp_path):
     assert r.sim_duration_s == pytest.approx(req.send_us.max() / 1e6, abs=5.0)
 
 
+@pytest.mark.slow
 @needs_blis
 def test_a_trace_blis_wrote_is_an_experiment_that_replays_itself(tmp_path):
     """blis replay --trace-output of a real run's trace (with BLIS's α1 = 0, which its E2E adds

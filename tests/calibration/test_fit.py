@@ -33,6 +33,7 @@ H100, A100 = load_gpu("h100_sxm"), load_gpu("a100_sxm")
 FAST = FitSettings(progress=False, kernel_iters=150)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu", [H100, A100], ids=["h100", "a100"])
 def test_objective_and_gradient_finite_on_every_bundled_table(gpu):
     df = read_ops(f"data/microbench/{gpu.name}")
@@ -67,6 +68,7 @@ def planted_table(n=600, seed=1):
     return shapes, truth
 
 
+@pytest.mark.slow
 def test_fit_recovers_planted_parameters():
     # without priors the optimum is the truth; the default (weak) prior shifts the weakly
     # identified sharpness a little along a flat valley, so it is switched off here
@@ -88,6 +90,7 @@ def small_real_table():
     return pd.concat([df, gemm], ignore_index=True)
 
 
+@pytest.mark.slow
 def test_same_inputs_and_seed_give_identical_files():
     df = small_real_table()
     texts = [coeff_io.to_yaml(fit(A100, df, [], FAST).coeffs) for _ in range(2)]
@@ -96,6 +99,7 @@ def test_same_inputs_and_seed_give_identical_files():
     assert other != texts[0]                   # the seed does change the split
 
 
+@pytest.mark.slow
 def test_coefficient_file_round_trip_and_refusals(tmp_path):
     res = fit(A100, small_real_table(), [], FAST)
     path = tmp_path / "a100.yaml"
@@ -118,6 +122,7 @@ def test_coefficient_file_round_trip_and_refusals(tmp_path):
         coeff_io.load(bad)
 
 
+@pytest.mark.slow
 def test_a_fits_kernel_metrics_and_bands_are_those_of_the_file_it_writes(tmp_path, monkeypatch):
     """A fit prices each kernel's rows with its surface as the file will hold it
     (``coeffs.op_as_read``) and its set's metrics reuse those prices (every row); computed afresh
@@ -178,6 +183,7 @@ def test_ops_csv_round_trip(tmp_path):
             else list(back[col]) == list(df[col])
 
 
+@pytest.mark.slow
 def test_predict_ops_cli(tmp_path):
     df = read_ops("data/microbench/h100_sxm/vllm-0.14.0/gemm_perf.parquet").head(20)
     src = tmp_path / "ops.csv"
@@ -202,6 +208,7 @@ BAD_CSVS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_CSVS))
 def test_fit_bad_input_one_line_and_nothing_written(tmp_path, name):
     text, message = BAD_CSVS[name]
@@ -224,6 +231,7 @@ def test_fit_refuses_rows_of_another_gpu(tmp_path):
         datasets.load([src], gpu="h100_sxm")
 
 
+@pytest.mark.slow
 def test_shared_sizes_pad_a_kind_to_one_size_without_changing_its_objective():
     """``shared_sizes``: both kernel sets' GEMM (MoE, all-reduce) data grown to the kind's largest
     row and shape count, so they share one compiled program; the added rows weigh 0, so each
@@ -265,6 +273,7 @@ def test_a_fits_start_and_prior_are_built_without_xla_programs(caplog):
     assert all(isinstance(v, jax.Array) for v in (*p.values(), *c.values()))
 
 
+@pytest.mark.slow
 def test_a_surface_fitted_on_fewer_rows_than_terms_keeps_its_higher_degrees_near_the_prior(monkeypatch):
     """``held_by_rows``, hand-checked on MoE's surface (8 descriptors, degree 4: 1, 9, 45, 165 and
     495 terms up to degrees 0–4): on 30 rows the prior strengths of the degree-2, 3 and 4 terms
@@ -319,6 +328,7 @@ def test_box_gram_is_the_mean_of_monomial_products_over_the_box():
     assert F.anchor_rows(126, 100) == pytest.approx(1.26) and F.anchor_rows(126, 1_000) == pytest.approx(0.126)
 
 
+@pytest.mark.slow
 def test_a_few_shot_refit_keeps_its_surface_near_the_prior_where_its_rows_are_not(monkeypatch):
     """A100 decode attention refitted from the H100 fit (bootstrapped, as ``roofcal gpu bootstrap``)
     on 100 of its rows (the few-shot learning curve's draw: seed 0, 100 rows a kernel), predicting
@@ -358,6 +368,7 @@ def test_a_variant_the_prior_lacks_is_centred_on_its_kinds_default_variant():
     assert K.lookup({"gemm/bf16": bf16}, "gemm", "fp8")[1] is bf16
 
 
+@pytest.mark.slow
 def test_a_refit_centres_a_variant_its_prior_lacks_and_starts_it_from_scratch(monkeypatch):
     """``fit`` with an A100 prior on 60 H100 FP8 GEMM rows: the kernel's prior is the prior's
     ``gemm/bf16`` surface (what the zero shot predicted it with), its start none (from scratch,
@@ -408,6 +419,7 @@ def _held_out_mape(held, key, ops) -> float:
     return float(np.mean(np.abs(pred.to_numpy() / held["latency_us"].to_numpy() - 1)) * 100)
 
 
+@pytest.mark.slow
 def test_a_refit_with_rows_enough_is_fitted_as_a_main_fit_and_lands_closer():
     """The few-shot regimes, hand-checked: a prefill-attention surface has 84 terms, so a refit
     starts at its prior's surface on up to 167 training rows, runs the continuation in degree
@@ -436,6 +448,7 @@ def test_a_refit_with_rows_enough_is_fitted_as_a_main_fit_and_lands_closer():
     assert main < continuation - 0.5 and continuation < warm - 1, (main, continuation, warm)
 
 
+@pytest.mark.slow
 def test_between_the_regimes_a_refit_takes_the_fit_closer_on_rows_set_aside():
     """``set_aside`` keeps four fifths of the training rows, the same for a seed and kind, and
     ``rows_error`` is the mean squared log-ratio (planted GEMM rows: 0 with the true parameters,

@@ -74,6 +74,7 @@ def two_sets():
     return fit(H100, table, [], FAST), table
 
 
+@pytest.mark.slow
 def test_each_set_is_fitted_on_its_own_rows_and_shares_nccl(two_sets):
     res, table = two_sets
     c = res.coeffs
@@ -94,6 +95,7 @@ def test_each_set_is_fitted_on_its_own_rows_and_shares_nccl(two_sets):
     assert new.data == []                                   # no provenance given to this fit
 
 
+@pytest.mark.slow
 def test_sets_round_trip_through_the_file(two_sets, tmp_path):
     c = two_sets[0].coeffs
     path = tmp_path / "c.yaml"
@@ -167,6 +169,7 @@ def test_a_file_from_before_the_two_stage_flag_predicts_as_it_was_fitted(tmp_pat
     assert abs(a[2] / b[2] - 1) > 1e-3                            # two stages: 8 GPUs, 1 MiB
 
 
+@pytest.mark.slow
 def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_path):
     # a GEMM surface written without tile_config reads with it pinned at 0: bf16 (whose work did
     # not change) predicts as the file's own; the FP8 GEMM's work now counts whole CUTLASS tiles,
@@ -199,6 +202,7 @@ def test_a_file_from_before_whole_fp8_tiles_warns_and_keeps_its_other_gemms(tmp_
         coeff_io.load("coeffs/a100_sxm.yaml")                 # no FP8 GEMM: nothing to say
 
 
+@pytest.mark.slow
 def test_the_steps_are_fitted_as_soon_as_their_sets_kernels_are(monkeypatch):
     """With whole steps, the step set's kernels (its own, the shared NCCL, the block-FP8 GEMM it
     borrows from 0.14) are fitted first and the steps as soon as those are done, while 0.14's

@@ -2,6 +2,7 @@
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from roofcal.calibration import optim
 
@@ -12,6 +13,7 @@ def _bowl(p, data):
     return (x - 3.0) ** 2 + 10.0 * (y + 2.0) ** 2
 
 
+@pytest.mark.slow
 def test_lbfgs_reaches_the_minimum_and_returns_the_loss_at_its_params():
     p = {"x": jnp.asarray([0.0, 0.0], jnp.float32)}
     q, value = optim.lbfgs(_bowl, p, (), 60, chunks=3)
@@ -69,6 +71,7 @@ def _floor(p, data):
     return 1.0 + jnp.sum(jnp.asarray([1.0, 3.0, 0.5]) * r ** 2 + 0.1 * r ** 4)
 
 
+@pytest.mark.slow
 def test_lbfgs_stops_where_float32_sees_no_more_decrease():
     """Converged to float32 resolution every line search fails (each of its 31 trials costs an
     evaluation): two failures in a row end the run inside its block, not 400 iterations later."""
@@ -102,6 +105,7 @@ def _spread(p, data):
     return jnp.sum((p["a"] - 1.0) ** 2) + (p["b"] + 2.0) ** 2 + 3.0 * jnp.sum((p["c"] - 0.5) ** 2)
 
 
+@pytest.mark.slow
 def test_lbfgs_works_on_the_leaves_laid_end_to_end_and_gives_them_back_as_they_came():
     p = {"c": jnp.zeros((2, 3), jnp.float32), "a": jnp.zeros(4, jnp.float32),
          "b": jnp.asarray(0.0, jnp.float32)}

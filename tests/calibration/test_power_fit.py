@@ -49,6 +49,7 @@ def test_each_phase_predicted_from_its_solved_clock(fitted):
     assert fitted.source["fit_rms_log_ratio"] < 0.03
 
 
+@pytest.mark.slow
 def test_deterministic_and_what_the_shipped_file_holds(fitted, tmp_path):
     again = fit_power(read_sustained(H100), C.with_kernels(C.load(COEFFS), "vllm-0.14.0").params,
                       load_gpu("h100_sxm"), "vllm-0.14.0")

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+import pytest
 
 from roofcal.calibration import shapes as S
 from roofcal.calibration.fit import FitSettings, default_prior, factored_objective, init_op_params, \
@@ -15,6 +16,7 @@ from roofcal.model.predict import row_times
 from roofcal.physics.hardware import load_gpu
 
 
+@pytest.mark.slow
 def test_degree_one_gemm_by_hand():
     # descriptors (m, n, k, tile_config), the axis m; terms 1, m, n, k, tile_config.
     # Rows 0 and 2 share (n, k, tile) = (0.5, −1, 0): one shape; row 1 is the other
@@ -38,6 +40,7 @@ def test_degree_one_gemm_by_hand():
     assert np.allclose(S.dense(f), np.asarray(K.features(jnp.asarray(z, jnp.float32), -5.0, 5.0, 1)))
 
 
+@pytest.mark.slow
 def test_moe_table_factored_is_its_feature_matrix_and_objective():
     gpu = load_gpu("h100_sxm")
     t = read_ops("data/microbench/h100_sxm/vllm-0.24.0/moe_perf.parquet")
@@ -65,6 +68,7 @@ def test_moe_table_factored_is_its_feature_matrix_and_objective():
         assert np.allclose(a, b, rtol=1e-3, atol=1e-6 * float(np.abs(b).max()) + 1e-9)
 
 
+@pytest.mark.slow
 def test_kernel_fits_side_by_side_are_the_fits_one_by_one():
     from roofcal.calibration.fit import fit_kernels
     gpu = load_gpu("h100_sxm")

@@ -45,6 +45,7 @@ def test_levenberg_marquardt_recovers_a_known_curve():
     assert th == pytest.approx([math.log(3.0), -0.7], abs=1e-4)
 
 
+@pytest.mark.slow
 @needs_runs
 def test_bad_requests_are_one_line_errors(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -61,6 +62,7 @@ def test_bad_requests_are_one_line_errors(tmp_path):
     assert "Traceback" not in r.stderr and not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "tools" / "blis").is_file() or not RUNS.is_dir(),
                     reason="BLIS binary or experiments not found (../shared beside the project)")
 def test_calibrate_writes_a_recorded_stack_that_validate_reproduces(tmp_path):

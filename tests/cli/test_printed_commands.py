@@ -65,6 +65,7 @@ def named_files(line: str) -> list[Path]:
     return out
 
 
+@pytest.mark.slow
 @needs_blis
 def test_export_blis_prints_a_run_a_replay_and_a_flags_line_that_run_as_printed(tmp_path, capsys, monkeypatch):
     out, elsewhere = tmp_path / "blis", tmp_path / "elsewhere"
@@ -137,6 +138,7 @@ def tiny_experiment(dest: Path, name: str = "tiny-7b") -> Path:
     return out
 
 
+@pytest.mark.slow
 @needs_blis
 def test_validate_prints_commands_only_for_files_it_keeps(tmp_path, capsys):
     exp = tiny_experiment(tmp_path)

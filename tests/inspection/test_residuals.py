@@ -117,6 +117,7 @@ def check_table(table: pd.DataFrame, csv: pd.DataFrame, by: list[str]) -> int:
 # --------------------------------------------------------------------------------------------
 # the residual table
 
+@pytest.mark.slow
 def test_breakdown_sums_to_prediction_and_matches_the_model(report, coeffs, ops_subset,
                                                             steps_subset):
     res, _ = report
@@ -154,6 +155,7 @@ def test_smax_split_shares():
     assert np.allclose(c / (c + m), [9 / 25, 0.0, 0.5])
 
 
+@pytest.mark.slow
 def test_summary_numbers_match_direct_computation(report):
     res, out = report
     csv = pd.read_parquet(out / "residuals.parquet")
@@ -179,6 +181,7 @@ def test_summary_numbers_match_direct_computation(report):
     assert all(re.search(r"(compute|memory|latency) \d+%", b) for b in worst["breakdown"])
 
 
+@pytest.mark.slow
 def test_every_png_is_a_sensible_image_and_is_embedded(report):
     res, out = report
     md = (out / "summary.md").read_text(encoding="utf-8")
@@ -223,6 +226,7 @@ def planted_steps(coeffs, component: str, factor: float, select) -> list:
     return [replace(d, measured_us=meas.to_numpy())]
 
 
+@pytest.mark.slow
 def test_attribution_finds_a_planted_step_component(coeffs):
     steps = planted_steps(coeffs, "attn_decode", 1.5, lambda b: b >= 64)
     res = residuals(coeffs, Measurements(steps=steps), None, plots=False)
@@ -240,6 +244,7 @@ def test_attribution_finds_a_planted_step_component(coeffs):
     assert float(row["grad"].iloc[0]) < 0
 
 
+@pytest.mark.slow
 def test_attribution_finds_a_planted_kernel_component(coeffs, ops_subset):
     gemm = ops_subset[ops_subset["op"] == "gemm"].reset_index(drop=True)
     base = residuals(coeffs, Measurements(ops=gemm), None, plots=False).table
@@ -406,6 +411,7 @@ def small_files(tmp_path_factory, ops_subset, steps_subset):
     return d
 
 
+@pytest.mark.slow
 def test_cli_writes_a_deterministic_report(small_files, tmp_path, capsys):
     args = ["residuals", "--coeffs", str(COEFFS), "--data", str(small_files / "ops.csv"),
             str(small_files / "steps.jsonl"), "--model", "llama-2-70b-hf", "--tp", "4",
@@ -455,12 +461,14 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, s
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_api_returns_everything_without_writing(coeffs, ops_subset):
     res = residuals(coeffs, Measurements(ops=ops_subset.iloc[::5]), None, plots=False)
     assert isinstance(res, Residuals) and res.files == [] and res.plots == {}
     assert "## Attribution" in res.summary and len(res.table) == len(ops_subset.iloc[::5])
 
 
+@pytest.mark.slow
 def test_tables_follow_the_convention_of_every_roofcal_table(report, tmp_path):
     # attribution.csv as roofcal.io.write_csv_atomic writes any table; residuals.parquet holds the
     # table exactly, and as CSV (table_format="csv") it is every roofcal CSV too
@@ -480,6 +488,7 @@ def test_tables_follow_the_convention_of_every_roofcal_table(report, tmp_path):
     assert not (tmp_path / "residuals.parquet").exists()
 
 
+@pytest.mark.slow
 def test_heatmap_panels_are_steps_and_attention_kernels_only(report):
     # only rows with both a batch and a context bucket have a heat map: GEMM and MoE kernels
     # have no context, so every panel counts sequences

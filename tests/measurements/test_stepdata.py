@@ -25,6 +25,7 @@ def test_splitwise_rows_become_prefill_and_mean_decode_steps():
     assert dec.measured_us == pytest.approx(29762.305037895818)
 
 
+@pytest.mark.slow
 def test_step_level_fit_predicts_held_out_decode_configurations():
     sets = read_splitwise(SPLITWISE)
     kernels = coeff_io.load("coeffs/h100_sxm.yaml", "h100_sxm").params["ops"]
@@ -93,6 +94,7 @@ def _planted_steps(tmp_path, kernels):
     return p, truth
 
 
+@pytest.mark.slow
 def test_gpu_and_cycle_targets_recover_a_planted_stack(tmp_path):
     from roofcal.model.coeffs import step_to_dict
     kernels = coeff_io.load("coeffs/h100_sxm.yaml", "h100_sxm").params["ops"]

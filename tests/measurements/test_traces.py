@@ -372,6 +372,7 @@ def test_alphas_from_the_request_table_by_hand(tmp_path):
         alphas_from_files(tmp_path / "c.csv")
 
 
+@pytest.mark.slow
 def test_fit_on_a_trace_with_measured_alphas(tmp_path, capsys):
     """``roofcal traces read`` → ``roofcal fit --step-target gpu+cycle --requests``: the stack
     is fitted on the trace's GPU and cycle times and carries the measured alphas."""

@@ -15,6 +15,7 @@ from roofcal.model.predict import predict_table
 from roofcal.physics.hardware import load_gpu
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["vllm-0.14.0", "vllm-0.24.0"])
 def test_one_new_token_over_cached_keys_costs_a_decode(kernels):
     from roofcal.bench.extrapolation import cached_prefix_ratios
@@ -31,6 +32,7 @@ def test_one_new_token_over_cached_keys_costs_a_decode(kernels):
     assert float(np.max(np.abs(err))) < {"vllm-0.14.0": 0.40, "vllm-0.24.0": 0.60}[kernels]
 
 
+@pytest.mark.slow
 def test_cached_prefix_band_is_the_measured_one():
     """The band widening prefill attention over a cached prefix is the one measured at its limit."""
     from roofcal.bench.extrapolation import cached_prefix

@@ -54,6 +54,7 @@ def test_top_level_entries_of_a_block_mapping():
     assert top_level_entries("'schema': x\n", ("schema",)) is None                     # a quoted key
 
 
+@pytest.mark.slow
 def test_stacks_read_alone_are_the_files_stacks(tmp_path):
     import yaml
     for path in (COEFFS / "h100_sxm.yaml", A100):

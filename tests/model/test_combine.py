@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from roofcal.model import coeffs as C
 from roofcal.model.combine import (NON_COMPONENT, _step_breakdown, combined, kernel_breakdown, padded,
@@ -30,6 +31,7 @@ def test_padding_appends_empty_steps_and_slots():
     assert big.prefill_new.shape == (1536, 16) and big.decode_ctx.shape == (1536, 128)
 
 
+@pytest.mark.slow
 def test_batches_of_similar_size_share_one_program_and_keep_their_values():
     c = C.resolve_stack(C.load(COEFFS), None, required=True)
     spec, gpu = load_model("llama-2-7b-hf"), load_gpu("h100_sxm")
@@ -45,6 +47,7 @@ def test_batches_of_similar_size_share_one_program_and_keep_their_values():
     assert 2000 < ta[0] < 100_000                            # a 2,048-token prefill of a 7B: ms, not µs or s
 
 
+@pytest.mark.slow
 def test_kernels_apart_from_the_step_level_give_the_same_breakdown():
     """What a fit of the step level alone computes: the kernels' times once
     (``kernel_breakdown``), then the step level on them (``combined``) — the same components and

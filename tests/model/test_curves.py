@@ -229,6 +229,7 @@ def mixtral_rows():
     return t[sel].reset_index(drop=True)
 
 
+@pytest.mark.slow
 def test_shipped_file_reproduces_a_measured_shape_and_steps_use_it(mixtral_rows):
     gpu = load_gpu("h100_sxm")
     c = CI.with_kernels(CI.load("coeffs/h100_sxm.yaml", gpu), "vllm-0.14.0")
@@ -274,6 +275,7 @@ def test_a_shape_without_a_curve_gets_the_surfaces_band():
     assert bands[IV.SURFACE].p90 - bands[IV.SURFACE].p10 > 1.5 * (bands["all"].p90 - bands["all"].p10)
 
 
+@pytest.mark.slow
 def test_a_steps_attention_is_the_per_op_price_of_its_blended_shape():
     # Llama-2-70B at TP 4 decodes with 16 query and 2 KV heads of 128 per GPU: a shape vLLM 0.14's
     # decode table measured; 48 sequences is between its measured 32 and 64, so both curves blend

@@ -31,6 +31,7 @@ def file_range(path, key, descriptor, steps=True):
     return doc["kernel_sets"][ks]["ops"][key]["range"][descriptor]
 
 
+@pytest.mark.slow
 def test_decode_beyond_context_limit_and_fitted_context():
     # llama-2-7b: max_position_embeddings 4096; H100 attn_decode/bf16 context range up to 131071
     hi = file_range(H100_FILE, "attn_decode/bf16", "context")[1]
@@ -52,6 +53,7 @@ def test_decode_beyond_context_limit_and_fitted_context():
     assert r.p90_us / r.predicted_us > 1.5 and r.p10_us / r.predicted_us < 0.7
 
 
+@pytest.mark.slow
 def test_context_limit_counts_the_new_token():
     # decode at context 4095 computes position 4096 (= the limit); at 4096 it computes 4097
     # prefill chunk 1024 new over 3072 cached reaches 4096 exactly
@@ -61,6 +63,7 @@ def test_context_limit_counts_the_new_token():
     assert domain.context_limit(load_model("llama-2-70b-hf")) == 4096
 
 
+@pytest.mark.slow
 def test_ordinary_step_is_not_flagged():
     # Llama-2-70B TP 4 (16 heads, 2 KV heads per GPU): shapes inside every fitted range
     steps = [Step(prefill=((512, 0),)), Step(decode=(512, 1024, 1024, 2000)),
@@ -72,6 +75,7 @@ def test_ordinary_step_is_not_flagged():
     assert domain.summary(df) == "all 3 steps inside the fitted domain"
 
 
+@pytest.mark.slow
 def test_cached_prefix_widens_the_band_instead_of_a_flag():
     # the per-op prefill tables hold cached = 0 only; a chunk over a cached prefix is looked up at
     # the uncached chunk with the same causal pairs (inside the fitted range), so it is no flag.
@@ -98,6 +102,7 @@ def _equivalent(new, cached):
     return n, cached
 
 
+@pytest.mark.slow
 def test_fits_memory_as_capacity_says():
     spec = load_model("llama-2-70b-hf")
     cap = capacity(spec, H100, 2)
@@ -117,6 +122,7 @@ def test_fits_memory_as_capacity_says():
     assert df1.fits_memory.tolist() == [False]
 
 
+@pytest.mark.slow
 def test_zero_shot_bootstrap_borrowed_stack_and_neutral():
     ref = coeff_io.load(H100_FILE, "h100_sxm")
     boot = bootstrap(ref, H100, A100)
@@ -144,6 +150,7 @@ def fp8_model(tmp_path):
     return str(d)
 
 
+@pytest.mark.slow
 def test_fp8_gemm_on_a100_has_no_kernel_data(tmp_path):
     m = fp8_model(tmp_path)
     step = [Step(decode=(512, 1024))]
@@ -222,6 +229,7 @@ def test_worst_and_excess_are_vectorised():
     assert dist.tolist() == [3.0, 1.0, 0.0] and what.tolist() == ["a.y", "a.x", ""]
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_summary(tmp_path):
     p = tmp_path / "steps.jsonl"
     p.write_text('{"decode": [10000000]}\n{"prefill": [[512, 0]], "decode": []}\n')
@@ -244,6 +252,7 @@ def test_cli_prints_one_line_summary(tmp_path):
     assert df.ood_what.tolist() == ["attn_decode.context", ""]
 
 
+@pytest.mark.slow
 def test_roofline_only_predict_says_what_it_is(tmp_path, capsys, monkeypatch):
     from roofcal.cli.main import main
     monkeypatch.chdir(tmp_path)
@@ -256,6 +265,7 @@ def test_roofline_only_predict_says_what_it_is(tmp_path, capsys, monkeypatch):
     assert "inside the fitted domain" not in lines[1]
 
 
+@pytest.mark.slow
 def test_a_step_inside_the_printed_range_is_not_flagged_on_a_bootstrapped_gpu():
     """The range a flag checks is the range it prints. From the H100 fit (132 SMs, prefill
     ``seqs`` fitted 1–256, decode ``kv_heads`` 1–8) the ``sm`` rule scales each CTA-grid descriptor

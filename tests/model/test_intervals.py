@@ -122,6 +122,7 @@ def test_shipped_h100_file_has_bands_from_its_heldout_rows():
     assert c.stacks["vllm"].intervals == {}
 
 
+@pytest.mark.slow
 def test_step_predictions_carry_intervals():
     steps = [Step(prefill=((512, 0),)), Step(decode=(512, 1024, 1024, 2000)),
              Step(prefill=((256, 0),), decode=(100, 3000))]
@@ -146,6 +147,7 @@ def test_step_predictions_carry_intervals():
     assert nt.p10_us.isna().all() and nt.interval_basis.tolist() == ["none"] * 3
 
 
+@pytest.mark.slow
 def test_bad_band_in_a_file_is_refused(tmp_path):
     doc = yaml_load(open(H100_FILE).read())
     doc["kernel_sets"]["vllm-0.24.0"]["intervals"]["ops"]["gemm/bf16"]["all"]["p10"] = 1.5   # above p90
@@ -194,6 +196,7 @@ def test_per_op_rows_carry_their_regime_band(tmp_path):
     assert cols[cols.index("predicted_us"):cols.index("predicted_us") + 3] == ["predicted_us", "p10_us", "p90_us"]
 
 
+@pytest.mark.slow
 def test_trace_steps_show_cycle_and_gpu_side():
     # a step measured by vLLM's tracing: GPU forward time and cycle time side by side with the
     # predicted GPU side and the predicted cycle

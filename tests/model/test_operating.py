@@ -42,6 +42,7 @@ def test_compute_bound_time_follows_the_clock_memory_bound_does_not(c):
     assert ratio[1] < 1.01                 # 8 decodes read weights and KV: memory-bound
 
 
+@pytest.mark.slow
 def test_prefill_stream_is_power_limited_decode_stream_is_not(c):
     spec, gpu = load_model("qwen3-14b"), load_gpu("h100_sxm")
     pm = power_of(c, gpu)

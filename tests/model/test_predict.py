@@ -105,6 +105,7 @@ def test_cli_writes_csv(tmp_path):
     (['{"decode": [1]}'], ["--gpu", "h900"], "unknown GPU 'h900'"),
     (['{"decode": [1], "duration_us": 0}'], [], "duration_us"),
 ])
+@pytest.mark.slow
 def test_cli_bad_input_one_line_no_output(tmp_path, lines, args, message):
     p = write(tmp_path, lines)
     out = tmp_path / "pred.csv"
@@ -210,6 +211,7 @@ def test_ideal_times_once_per_table_match_row_times():
         ideal_times(load_gpu("h100_sxm"), rows.assign(source="t.csv"))
 
 
+@pytest.mark.slow
 def test_step_files_of_one_deployment_share_a_program_and_keep_their_values():
     """`predict` computes a batch padded (``step_arrays``): step files of 2 and 7 steps, with 1 and
     6 decode slots, compile one program between them, and give the values of the batch as given
@@ -230,6 +232,7 @@ def test_step_files_of_one_deployment_share_a_program_and_keep_their_values():
     assert 1_000 < a[1] < 100_000          # one decode token of a 70B at TP 4: ms
 
 
+@pytest.mark.slow
 def test_kernel_groups_run_in_blocks_of_one_program_and_keep_their_values(monkeypatch):
     """``predict_table`` computes a kernel group in blocks of ``op_rows`` rows: one block of 256
     up to 256 rows, else blocks of 4,096 (the last padded). Groups of 300, 900 and 9,000 rows

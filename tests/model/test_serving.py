@@ -26,6 +26,7 @@ def test_constant_steps_give_the_textbook_means():
     assert float(out["running"]) == pytest.approx(12.3, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_linear_steps_solve_the_fixed_point_by_hand():
     # t_decode(D) = a + b·D, t_mixed = t_decode + p. With D = λ(O−1)τ and f = λτ:
     # τ = a + bλ(O−1)τ + λτp  →  τ = a / (1 − bλ(O−1) − λp)
@@ -109,6 +110,7 @@ def test_loads_follow_the_rebuilt_schedule():
     assert loads[1].new_tokens == round(loads[1].prompt - loads[1].cached) and 7 <= loads[1].new_tokens <= 10
 
 
+@pytest.mark.slow
 def test_saturation_rate_by_hand():
     """Flat steps of τ = 10 ms (a planted model: every kernel 0, overhead 10 ms per step): at
     max_num_seqs D = 64 the rate is D / ((O − 1) τ) = 64 / (100 × 0.010) = 64 req/s; with KV for
@@ -147,6 +149,7 @@ def test_saturation_rate_by_hand():
     assert s.prefills == pytest.approx(2 * s.running / 50)       # 2 chunks of ≤ 472 tokens per prompt
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RUNS.is_dir(), reason="experiments not found (../shared beside the project)")
 def test_overloaded_runs_are_predicted_to_saturate_below_their_offered_rate():
     from roofcal import resources
@@ -183,6 +186,7 @@ def test_stream_weights_by_hand():
     assert w.tolist() == pytest.approx([0, 0, 0, 0, 0, 0, 0, 0, 0, 1.5])
 
 
+@pytest.mark.slow
 def test_saturation_at_the_power_limited_clock():
     """A prefill-heavy workload (3,000 uncached prompt tokens, 8,192-token budget) keeps the H100
     at its power limit: the sustained clock lowers the rate it sustains; the given runs'

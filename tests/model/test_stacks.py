@@ -39,6 +39,7 @@ def _breakdown(c: Coefficients, steps):
             step_breakdown(c.params, LLAMA7, H100, 1, batch_steps(steps)).items()}
 
 
+@pytest.mark.slow
 def test_overlap_combines_cpu_and_gpu_work_as_documented():
     steps = [Step(decode=(1000,) * 8)]
     neutral = Coefficients.neutral(H100)

@@ -8,6 +8,7 @@ import pytest
 from roofcal.physics.cache import MIB, resident_fraction
 
 
+@pytest.mark.slow
 def test_resident_fraction_by_hand():
     c = 96 * MIB                                  # the L40S's L2
     w = np.array([c / 2, c, 2 * c, 0.0])
@@ -78,6 +79,7 @@ def test_the_bootstrap_carries_the_saving_by_the_l2s_speed():
 L40S = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared/data/microbench/l40s"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not L40S.is_dir(), reason="../shared/data/microbench/l40s absent")
 def test_the_l40s_decode_attention_table_is_priced_with_its_warm_l2(monkeypatch):
     """Fitted on the L40S's bf16 decode attention (vLLM 0.14), the warm L2 saves most of the

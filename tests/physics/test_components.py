@@ -96,6 +96,7 @@ def test_mixtral_active_experts():
                                            + 2 * (2 * 4096 + 3 * 14336) * 2)
 
 
+@pytest.mark.slow
 def test_power_law_routing_sums_over_the_experts_bound():
     from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound, routing
     # the next power of two at or above the largest count, never under 8 nor over 1,024

@@ -130,6 +130,7 @@ def test_a_step_of_all_ranks_fits_when_each_rank_does():
     assert list(fits_memory(served(MIXTRAL, 4, ep=True), gpu, 1, batch)) == [True, False]
 
 
+@pytest.mark.slow
 def test_saturation_of_a_dp_deployment_counts_every_rank(capsys):
     from roofcal.cli.main import main
     base = ["workload", "saturation", "--coeffs", "coeffs/h100_sxm.yaml", "--model", "mixtral-8x7b-v0.1",

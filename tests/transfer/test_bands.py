@@ -41,6 +41,7 @@ def test_widen_joins_own_and_transfer_bands():
     assert w["moe/bf16"]["all"] == IV.Band(0.7, 1.4, 1000)
 
 
+@pytest.mark.slow
 def test_shipped_transfer_bands_match_the_shipped_fits():
     doc = yaml_load(open(TB.DEFAULT_PATH).read())
     for gpu, src in doc["from"].items():

@@ -76,6 +76,7 @@ def test_sm_rule_reads_the_reference_at_equal_waves():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_a100_from_h100_beats_the_roofline():
     df = read_ops("data/microbench/a100_sxm/vllm-0.14.0")
     rng = np.random.default_rng(0)
@@ -90,6 +91,7 @@ def test_a100_from_h100_beats_the_roofline():
     assert (b < n).all() and b.mean() < 30.0, (b.to_dict(), n.to_dict())
 
 
+@pytest.mark.slow
 def test_file_states_assumptions_and_is_byte_identical(tmp_path):
     outs = [tmp_path / "a.yaml", tmp_path / "b.yaml"]
     for out in outs:
@@ -104,6 +106,7 @@ def test_file_states_assumptions_and_is_byte_identical(tmp_path):
     assert set(c.params["ops"]) == set(REF.params["ops"])
 
 
+@pytest.mark.slow
 def test_refusals(tmp_path, capsys):
     with pytest.raises(RoofcalError, match=r"fitted for GPU 'h100_sxm', not 'a100_sxm' \(the "
                                            r"reference datasheet\)"):
@@ -162,6 +165,7 @@ def test_bad_datasheets_refused(tmp_path, capsys, over, message):
     assert not (tmp_path / "o.yaml").exists()
 
 
+@pytest.mark.slow
 def test_few_shot_refit_moves_only_as_far_as_the_data_supports():
     # the eager all-reduce's launch cost is a host property (about 20 µs on the H100 host, 43 on the
     # A100 one): 30 measured rows fix it; a very strong prior keeps the transferred value
@@ -197,6 +201,7 @@ def test_rates_are_the_models_for_every_gpu_kind_and_variant():
                                                                                    variant)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["sm", "duration"])
 def test_range_shifted_below_shape_zero_reads_the_reference_at_its_upper_bound(rule):
     # a GEMM surface fitted on a narrow range of m and n near shape 0, carried to a GPU with 1/16
@@ -230,6 +235,7 @@ def test_range_shifted_below_shape_zero_reads_the_reference_at_its_upper_bound(r
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_bootstrap_file_returns_what_it_wrote(tmp_path):
     from roofcal.transfer.bootstrap import bootstrap_file
     out = tmp_path / "a100.yaml"

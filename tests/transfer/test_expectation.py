@@ -43,6 +43,7 @@ def test_a_bad_file_is_named(tmp_path):
         E.load(p)
 
 
+@pytest.mark.slow
 def test_the_shipped_file_is_what_the_benchmark_measures():
     """The H100 → A100 pair of coeffs/zero_shot.yaml, measured again on the bundled tables."""
     from roofcal.bench import gpus

@@ -39,6 +39,7 @@ def printed_commands(out: str) -> list[list[str]]:
     return cmds
 
 
+@pytest.mark.slow
 def test_new_gpu_from_a_template_every_printed_hint_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ROOFCAL_CACHE", "off")
@@ -126,6 +127,7 @@ def test_gpu_show_warns_once_per_optional_field_left_out(tmp_path, monkeypatch, 
                                "taken as 0 (unknown): ")
 
 
+@pytest.mark.slow
 def test_readme_new_gpu_prediction_is_inside_the_fitted_domain():
     """The README's new-GPU prediction (its model and TP, the steps its 'Predict' section writes)
     on the A100 bootstrapped from the H100 fit: every step inside the fitted domain, as the README

@@ -44,6 +44,7 @@ def totals(params, theta, gpu=H100, ref=H100, tp=2, rule="sm"):
     return np.asarray(W.step_times(params, theta, L7, gpu, ref, tp, BATCH, rule)["total"], np.float64)
 
 
+@pytest.mark.slow
 def test_traced_datasheet_reproduces_the_model_before_and_after():
     before = totals(FITTED.params, W.theta_of(H100))
     ref = np.asarray(step_breakdown(FITTED.params, L7, H100, 2, BATCH)["total"])
@@ -55,6 +56,7 @@ def test_traced_datasheet_reproduces_the_model_before_and_after():
                                rtol=2e-5)
 
 
+@pytest.mark.slow
 def test_elasticities_match_finite_differences():
     el = W.elasticities(FITTED.params, L7, H100, 2, BATCH, "sm")
     theta = W.theta_of(H100)
@@ -67,6 +69,7 @@ def test_elasticities_match_finite_differences():
     assert np.any(np.abs(np.asarray(el["sm_count"])) > 1e-3)     # SM count moves the surfaces
 
 
+@pytest.mark.slow
 def test_physics_of_neutral_roofline():
     neutral = neutralised(FITTED.params)
     el = {f: np.asarray(v) for f, v in W.elasticities(neutral, L7, H100, 2, BATCH, "sm").items()}
@@ -80,6 +83,7 @@ def test_physics_of_neutral_roofline():
     assert np.all(el["fp8_tflops"] == 0)                 # a BF16 model runs no FP8 kernel
 
 
+@pytest.mark.slow
 def test_fitted_model_has_a_fixed_share(tmp_path):
     df = W.whatif(STEPS, coeffs=FITTED, model="llama-2-7b-hf", gpu="h100_sxm", tp=2,
                   changes=CHANGES)
@@ -104,6 +108,7 @@ def test_parse_changes_and_refusals():
         H100.replace(**W.parse_changes(["fp8_tflops=4000"]))
 
 
+@pytest.mark.slow
 def test_cli(tmp_path, capsys):
     steps = tmp_path / "s.jsonl"
     steps.write_text("".join(json.dumps(s.to_json()) + "\n" for s in STEPS))
@@ -148,6 +153,7 @@ def test_impossible_values_are_refused_in_one_line(tmp_path, capsys):
                  rule="magic")
 
 
+@pytest.mark.slow
 def test_fixed_share_is_latencies_and_overheads_whatever_the_rule():
     df = {rule: W.whatif(STEPS, coeffs=FITTED, model="llama-2-7b-hf", gpu="h100_sxm", tp=2,
                          rule=rule) for rule in ("sm", "duration", None)}
@@ -171,6 +177,7 @@ def test_fixed_share_is_latencies_and_overheads_whatever_the_rule():
     assert np.all(neutral["fixed_share"].to_numpy() < 1e-3)
 
 
+@pytest.mark.slow
 def test_before_comes_from_the_same_pass_as_the_elasticities():
     out, el = W.sensitivity(FITTED.params, L7, H100, 2, BATCH, "sm")
     np.testing.assert_allclose(np.asarray(out["total"]), totals(FITTED.params, W.theta_of(H100)),
