@@ -81,7 +81,9 @@ def cmd_fit(a) -> None:
         print(f"serving stack '{name}'{' (default)' if name == c.stack else ''}: {kind}"
               + (" — borrowed from " + str(st.source["borrowed_from"]["file"]) if "borrowed_from" in st.source else ""))
     if c.stack is None:
-        print("no serving stack: whole-step predictions need --stack (none, or FILE:NAME); see --stack-from")
+        from roofcal.cli.gpu import reference_coeffs
+        print(f"no serving stack: whole-step predictions need --stack none (kernels only), or one borrowed "
+              f"(--stack {reference_coeffs()}:vllm, the H100's; a refit with --stack-from keeps it in the file)")
     for name, ks in c.kernel_sets.items():
         print(f"kernel set '{name}'{set_role(c, name)}: {len(ks.ops)} kernels"
               + ("; for want of rows, " + ", ".join(f"{k} from {o}" for k, o in sorted(ks.borrowed.items()))

@@ -93,6 +93,20 @@ def here(path) -> str:
     return rel if not rel.startswith("..") else os.path.abspath(path)
 
 
+def template_command(like: str) -> str:
+    """The ``gpu template`` command that writes a blank datasheet with ``like``'s figures as hints,
+    as it runs: a new GPU named ``my_gpu`` (any name no bundled datasheet answers to), printed."""
+    return f"roofcal gpu template my_gpu --like {like}"
+
+
+def coeffs_beside(datasheet) -> str:
+    """Where the hints put the coefficients bootstrapped for the datasheet file ``datasheet``:
+    ``<its stem>_coeffs.yaml`` beside it (``my_gpu.yaml``: ``my_gpu_coeffs.yaml``)."""
+    from pathlib import Path
+    p = Path(str(datasheet))
+    return str(p.with_name(f"{p.stem}_coeffs.yaml"))
+
+
 def reference_coeffs() -> str:
     """The shipped H100 coefficient file, as :func:`here` names it: the reference of a bootstrap."""
     from roofcal.resources import COEFFS
@@ -107,7 +121,7 @@ def yaml_text(name: str) -> str:
     g = load_gpu(name)
     return datasheet_yaml(g, header=(
         f"The {g.name} datasheet as roofcal reads it (roofcal gpu show {name} --yaml).\n"
-        f"A new GPU's blank datasheet, these figures as hints: roofcal gpu template NAME --like {g.name}"))
+        f"A new GPU's blank datasheet, these figures as hints: {template_command(g.name)}"))
 
 
 def template_text(name: str, like: str) -> str:
@@ -135,18 +149,36 @@ def gpu_argument(name: str) -> str:
     return load_gpu(name).name
 
 
+#: the step the hints predict and its deployment, as the README's new-GPU section: its decode step,
+#: a bundled model and TP
+EXAMPLE_STEP = '{"prefill": [], "decode": [512, 1024, 1024, 4096]}'
+EXAMPLE_DEPLOYMENT = ("llama-3.1-70b-instruct", 4)
+
+
 def next_steps(datasheet: str, coeffs: str) -> list[str]:
-    """The commands that follow a bootstrap (``roofcal gpu bootstrap`` prints them): predict with
-    the new file, then refine it by a few-shot fit on measured kernels. Words in capitals are the
-    user's own files (a step JSONL, a bundled model and its TP, per-op measurements). The
-    prediction goes to ``<coeffs stem>-pred.csv`` beside the coefficient file, a name of the new
-    file's own (a plain ``pred.csv`` would replace the README's)."""
+    """The commands that follow a bootstrap (``roofcal gpu bootstrap`` prints them), each runnable
+    as printed: a one-step file (:data:`EXAMPLE_STEP`) and its prediction with the new file for a
+    bundled model (:data:`EXAMPLE_DEPLOYMENT`), then, where kernels measured on that GPU are
+    bundled, the few-shot refit on them (else ``[]`` for it: the user's tables, which the caller
+    says in words). Files are named after the coefficient file, beside it (``<stem>-steps.jsonl``,
+    ``<stem>-pred.csv``: a plain ``pred.csv`` would replace the README's)."""
     import shlex
     from pathlib import Path
+
+    from roofcal.measurements.datasets import BUNDLED
+    from roofcal.physics.hardware import load_gpu
     gpu, c = shlex.quote(gpu_argument(datasheet)), shlex.quote(str(coeffs))
+    steps = shlex.quote(str(Path(coeffs).with_name(f"{Path(coeffs).stem}-steps.jsonl")))
     pred = shlex.quote(str(Path(coeffs).with_name(f"{Path(coeffs).stem}-pred.csv")))
-    return [f"roofcal predict --gpu {gpu} --coeffs {c} --model MODEL --tp TP --steps STEPS.jsonl --out {pred}",
-            f"roofcal fit --gpu {gpu} --prior {c} --data KERNELS"]
+    model, tp = EXAMPLE_DEPLOYMENT
+    out = [f"printf '%s\\n' {shlex.quote(EXAMPLE_STEP)} > {steps}",
+           f"roofcal predict --gpu {gpu} --coeffs {c} --model {model} --tp {tp} --steps {steps} --out {pred}"]
+    tables = [p for p in BUNDLED.get(load_gpu(datasheet).name, []) if "/microbench/" in p]
+    if tables:
+        from roofcal.resources import ROOT
+        out.append(f"roofcal fit --gpu {gpu} --prior {c} --data "
+                   + " ".join(shlex.quote(here(ROOT / p)) for p in tables))
+    return out
 
 
 def cmd_gpu_list(a) -> None:
@@ -170,10 +202,9 @@ def cmd_gpu_show(a) -> None:
     write_text_atomic(a.out, text)
     name = gpu_argument(a.name)
     print(f"wrote {a.out} ({len(text.encode()):,} bytes): the {name} datasheet (a new GPU's blank one, "
-          f"these figures as hints: roofcal gpu template NAME --like {name}); its coefficients from "
-          f"the H100 fit:")
+          f"these figures as hints: {template_command(name)}); its coefficients from the H100 fit:")
     print(f"  roofcal gpu bootstrap --datasheet {shlex.quote(a.out)} --from "
-          f"{shlex.quote(reference_coeffs())} --out NEW.yaml")
+          f"{shlex.quote(reference_coeffs())} --out {shlex.quote(coeffs_beside(a.out))}")
 
 
 def cmd_gpu_template(a) -> None:
@@ -189,7 +220,7 @@ def cmd_gpu_template(a) -> None:
           f"spec sheet, check it, then bootstrap coefficients:")
     print(f"  roofcal gpu show {shlex.quote(a.out)}")
     print(f"  roofcal gpu bootstrap --datasheet {shlex.quote(a.out)} --from "
-          f"{shlex.quote(reference_coeffs())} --out NEW.yaml")
+          f"{shlex.quote(reference_coeffs())} --out {shlex.quote(coeffs_beside(a.out))}")
 
 
 def cmd_gpu_bootstrap(a) -> None:
@@ -199,9 +230,15 @@ def cmd_gpu_bootstrap(a) -> None:
           f"{len(c.params['ops'])} kernel kinds/variants")
     for n in c.notes:
         print(f"  - {n}")
-    print("next (words in capitals are yours: a step JSONL, a bundled model and TP, measured kernels):")
-    for line in next_steps(a.datasheet, a.out):
+    import shlex
+    lines = next_steps(a.datasheet, a.out)
+    print("next, a step predicted with it, then a few-shot refit on kernels measured on the GPU:")
+    for line in lines:
         print(f"  {line}")
+    if not lines[-1].startswith("roofcal fit"):
+        print(f"  (no kernels of {c.gpu} are bundled: the refit is roofcal fit --gpu "
+              f"{shlex.quote(gpu_argument(a.datasheet))} --prior {shlex.quote(a.out)} --data and the paths of "
+              "your tables, docs/formats.md#per-op-measurements-csv)")
 
 
 def cmd_gpu_transfer_bands(a) -> None:

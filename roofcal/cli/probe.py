@@ -19,8 +19,30 @@ from __future__ import annotations
 def cmd_run(a) -> None:
     from roofcal.measurements.probe import run_probe
     out = run_probe(a.out, model=a.model, base=a.base)
-    print(f"wrote the measurement into {a.out} and its overlay {out}; next: roofcal power fit --coeffs FILE "
-          f"--gpu {out} --out FILE2")
+    print(f"wrote the measurement into {a.out} and its overlay {out}; next, the power model fitted on it:")
+    for line in power_fit_commands(a.out, out):
+        print(f"  {line}")
+
+
+def power_fit_commands(folder, overlay) -> list[str]:
+    """The commands that fit the power model on ``probe run``'s measurement, runnable as printed:
+    the shipped coefficient file of the overlay's GPU (``coeffs/<gpu>.yaml``) if there is one, else
+    its coefficients bootstrapped from the H100 fit first; written to ``<folder>-coeffs.yaml``
+    beside the measurement folder."""
+    import shlex
+    from pathlib import Path
+
+    from roofcal.cli.gpu import here, reference_coeffs
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.resources import COEFFS
+    folder = Path(folder)
+    mine = shlex.quote(here(folder.parent / f"{folder.name}-coeffs.yaml"))
+    gpu = shlex.quote(here(overlay))
+    shipped = COEFFS / f"{load_gpu(str(overlay)).name}.yaml"
+    if shipped.is_file():
+        return [f"roofcal power fit --coeffs {shlex.quote(here(shipped))} --gpu {gpu} --out {mine}"]
+    return [f"roofcal gpu bootstrap --datasheet {gpu} --from {shlex.quote(reference_coeffs())} --out {mine}",
+            f"roofcal power fit --coeffs {mine} --gpu {gpu}"]
 
 
 def cmd_overlay(a) -> None:

@@ -82,15 +82,23 @@ def exports_from_args(a, exps, settings, work: Path, kept: bool = True):
     how = {"per-deployment": "one defaults.yaml per deployment", "per-run": "one defaults.yaml per run",
            "global": "one defaults.yaml for all deployments"}[a.export]
     text = (f"exported {a.coeffs} (stack {c.stack or 'none'}, kernels {c.kernels}) as {how}"
-            + (f" into {(work / 'defaults').resolve()}" if kept else " into a temporary folder (--keep DIR keeps it)")
-            + f"; the same files: {export_command(a)}\n"
+            + (f" into {(work / 'defaults').resolve()}" if kept else
+               f" into a temporary folder ({KEEP_HINT} keeps it)")
+            + f"; the same files: {export_command(a, paths if kept else None)}\n"
             + usage(exports, paths if kept else None, settings.hardware_config, settings.defaults, settings.blis))
     return per_run, text
 
 
-def export_command(a) -> str:
+#: where ``workload validate`` suggests keeping its runs' files (the README's folder)
+KEEP_HINT = "--keep runs/"
+
+
+def export_command(a, written=None) -> str:
     """The ``roofcal export blis`` command that writes the files ``workload validate`` replays
-    with these options (same coefficients, stack, kernels, defaults, runs, samples and seed)."""
+    with these options (same coefficients, stack, kernels, defaults, runs, samples and seed), as
+    it runs: into the folder (``--out``: the file) of ``written``, the files validate wrote and
+    keeps, or, where validate keeps none, into ``blis/`` (``--out blis.yaml``) as the README's
+    export."""
     import shlex
     from roofcal.calibration import WORKLOAD_DEFAULTS
     from roofcal.resources import BLIS_DEFAULTS, BLIS_HARDWARE
@@ -110,8 +118,9 @@ def export_command(a) -> str:
     if a.seed != 42:
         args += ["--replay-seed", str(a.seed)]
     args += ["--for", *map(str, a.experiments)]
-    args += {"per-deployment": ["--out-dir", "DIR"], "per-run": ["--out-dir", "DIR", "--per-run"],
-             "global": ["--out", "FILE"]}[a.export]
+    folder = str(Path(written[0]).resolve().parent) if written else "blis/"
+    args += {"per-deployment": ["--out-dir", folder], "per-run": ["--out-dir", folder, "--per-run"],
+             "global": ["--out", str(Path(written[0]).resolve()) if written else "blis.yaml"]}[a.export]
     return shlex.join(args)
 
 
@@ -148,7 +157,8 @@ def cmd_trace(a) -> None:
             args, blocks, source = replay_args(e, settings, settings.defaults, str((out / e.name).resolve()))
             print("  " + shlex.join(args) + f"   # KV blocks: {source}")
     if settings.blis is None:
-        print("(give --blis PATH or set ROOFCAL_BLIS to print each run's blis replay command)")
+        print("(give --blis with the BLIS binary's path, or set ROOFCAL_BLIS to it, to print each run's blis "
+              "replay command)")
 
 
 def _print_commands(v, keep) -> None:
@@ -156,7 +166,7 @@ def _print_commands(v, keep) -> None:
     defaults file stay; without ``--keep`` those files are gone, so no command is printed."""
     import shlex
     if not keep:
-        print("\nBLIS command per run: rerun with --keep DIR to keep the files these commands need (each run's "
+        print(f"\nBLIS command per run: rerun with {KEEP_HINT} to keep the files these commands need (each run's "
               "trace and defaults.yaml); 'roofcal workload trace' writes the traces and 'roofcal export blis' "
               "the defaults files")
         return

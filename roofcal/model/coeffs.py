@@ -209,7 +209,7 @@ class Coefficients:
         if gpu.name != self.gpu:
             raise RoofcalError(f"{self.source}: coefficients were fitted for GPU '{self.gpu}', not "
                                f"'{gpu.name}' ({where}); carry them to it with 'roofcal gpu bootstrap "
-                               f"--datasheet {gpu.name} --from {self.source} --out NEW.yaml' (a datasheet "
+                               f"--datasheet {gpu.name} --from {self.source} --out {gpu.name}_coeffs.yaml' (a datasheet "
                                f"file in place of the name for a GPU that is not bundled)")
         if gpu.sha256() != self.datasheet_sha256:
             raise RoofcalError(f"{self.source}: fitted for a different version of the '{gpu.name}' "
@@ -695,8 +695,12 @@ def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False,
 def _resolve_stack(c: "Coefficients", spec: str | None, required: bool) -> "Coefficients":
     if spec is None:
         if required and c.stack is None:
+            import os
+            from roofcal.resources import COEFFS
+            h100 = os.path.relpath(COEFFS / "h100_sxm.yaml")
+            h100 = h100 if not h100.startswith("..") else str(COEFFS / "h100_sxm.yaml")
             raise RoofcalError(f"{c.source}: has no serving stack; pass --stack {NO_STACK} (kernels only) "
-                               "or --stack FILE:NAME to borrow one")
+                               f"or borrow one, as --stack {h100}:vllm (the H100's)")
         return c
     if spec == NO_STACK or spec in c.stacks:
         return with_stack(c, spec)

@@ -284,7 +284,7 @@ def test_cli_validate_runs_writes_csv_and_prints_commands(tmp_path, capsys):
     assert "faithful trace" in text and "BLIS command per run" in text
     # its run folder is gone: no command naming its files, but how to keep them
     # (tests/cli/test_printed_commands.py runs what --keep prints)
-    assert "rerun with --keep DIR" in text and " replay --model" not in text
+    assert "rerun with --keep runs/" in text and " replay --model" not in text
     assert pd.read_csv(out)["scope"].tolist() == ["summary", "stage_0", "stage_1"]
 
 

@@ -7,6 +7,7 @@ file say so; ``workload calibrate`` says which iterate it keeps."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -148,13 +149,19 @@ def test_validate_prints_commands_only_for_files_it_keeps(tmp_path, capsys):
     assert main(common) == 0
     text = capsys.readouterr().out
     assert blis_lines(text) == []
-    assert "rerun with --keep DIR to keep the files these commands need" in text
+    assert "rerun with --keep runs/ to keep the files these commands need" in text
+    assert not placeholders(text), placeholders(text)
     # with --keep (and --coeffs: the defaults files written there too) every printed command runs
     keep, elsewhere = tmp_path / "kept", tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert main(common + ["--coeffs", str(resources.COEFFS / "h100_sxm.yaml"), "--samples", "100",
                           "--keep", str(keep)]) == 0
     text = capsys.readouterr().out
+    assert not placeholders(text), placeholders(text)
+    # the export command that writes the kept defaults files again: into their folder
+    (export,) = [ln[ln.index("roofcal export blis"):] for ln in text.splitlines() if "roofcal export blis" in ln]
+    args = shlex.split(export)
+    assert Path(args[args.index("--out-dir") + 1]) == (keep / "defaults").resolve()
     lines = blis_lines(text)
     per_run = [ln for ln in lines if ln.startswith("cd ")]
     export_run = [ln for ln in lines if not ln.startswith("cd ") and shlex.split(ln)[1] == "run"]
@@ -189,9 +196,107 @@ def test_an_output_that_exists_is_said_to_be_replaced(tmp_path, capsys):
 
 def test_bootstrap_suggests_a_prediction_file_of_its_own():
     from roofcal.cli.gpu import next_steps
-    predict, _ = next_steps("my_gpu.yaml", "out/my_coeffs.yaml")
+    _, predict = next_steps("l4", "out/my_coeffs.yaml")        # no bundled kernels of the L4: no fit
     args = shlex.split(predict)
     assert args[args.index("--out") + 1] == "out/my_coeffs-pred.csv"
+    assert args[args.index("--steps") + 1] == "out/my_coeffs-steps.jsonl"
+
+
+#: an upper-case word a printed hint would have the user replace, as a flag's value or a
+#: command's argument (``--out-dir DIR``, ``--out FILE2``, ``roofcal gpu template NAME``)
+PLACEHOLDER = re.compile(r"(?:--[\w-]+\s+|\broofcal(?:\s+[a-z-]+)+\s+)(?:DIR|FILE\d*|NEW(?:\.yaml)?|PATH|NAME|"
+                         r"MODEL|TP|STEPS(?:\.jsonl)?|KERNELS|EXP|REF)(?![\w/.-])")
+
+
+def placeholders(text: str) -> list[str]:
+    """The lines of ``text`` with a placeholder instead of a path, name or number."""
+    return [ln for ln in text.splitlines() if PLACEHOLDER.search(ln)]
+
+
+def test_the_placeholder_pattern_catches_what_it_names():
+    for bad in ("roofcal power fit --coeffs FILE --gpu x.yaml --out FILE2", "--out-dir DIR", "--out NEW.yaml",
+                "roofcal gpu template NAME --like h100_sxm", "--model MODEL --tp TP --steps STEPS.jsonl",
+                "(give --blis PATH or set ROOFCAL_BLIS)", "rerun with --keep DIR to keep"):
+        assert placeholders(bad), bad
+    for good in ("roofcal gpu template my_gpu --like h100_sxm", "--out-dir /tmp/kept/defaults", "TP 4 on H100",
+                 "--out DIR_NAME", "ROOFCAL_BLIS", "--data NAME/x.csv", "80 % interval: TP1", "--tp 4"):
+        assert not placeholders(good), good
+
+
+def run_hints(text: str, cwd: Path) -> list[str]:
+    """Run every indented ``roofcal …`` / ``printf …`` line of ``text`` in a shell in ``cwd``, as
+    printed; the lines run."""
+    import os
+    import sys
+    lines = [ln.strip() for ln in text.splitlines() if re.match(r"\s+(roofcal|printf) ", ln)]
+    env = dict(os.environ, ROOFCAL_CACHE="off", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    for line in lines:
+        p = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (line, p.stderr[-800:])
+    return lines
+
+
+def test_gpu_hints_name_real_files_and_no_placeholder(tmp_path, capsys, monkeypatch):
+    """``gpu show --out``, ``gpu template --out`` and ``gpu bootstrap`` print their next commands
+    with the files they wrote and read: no placeholder; the datasheet's own hints alike."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["gpu", "show", "a100_sxm", "--yaml", "--out", "my_gpu.yaml"]) == 0
+    text = capsys.readouterr().out
+    assert "roofcal gpu template my_gpu --like a100_sxm" in text and "--out my_gpu_coeffs.yaml" in text
+    assert not placeholders(text) and not placeholders((tmp_path / "my_gpu.yaml").read_text())
+    assert main(["gpu", "template", "my_l4", "--like", "l4", "--out", "my_l4.yaml"]) == 0
+    text = capsys.readouterr().out
+    assert not placeholders(text) and "--out my_l4_coeffs.yaml" in text, text
+    assert main(["gpu", "bootstrap", "--datasheet", "l4", "--from", str(resources.COEFFS / "h100_sxm.yaml"),
+                 "--out", "l4_coeffs.yaml"]) == 0
+    text = capsys.readouterr().out
+    assert not placeholders(text), placeholders(text)
+    # the step file, then its prediction; no A100 kernels are bundled for the L4: the refit in words
+    hints = [ln.strip() for ln in text.splitlines() if re.match(r"\s+(roofcal|printf) ", ln)]
+    assert [h.split()[:2] for h in hints] == [["printf", "'%s\\n'"], ["roofcal", "predict"]], hints
+    assert "--steps l4_coeffs-steps.jsonl --out l4_coeffs-pred.csv" in hints[1]
+    assert "no kernels of l4 are bundled" in text
+
+
+def probe_run(tmp_path, capsys, monkeypatch) -> str:
+    """``probe run --out probe-h100/`` with its timing path stubbed (no GPU here): the bundled H100
+    measurement's overlay written into the folder; what it prints."""
+    from roofcal.measurements import probe
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(probe, "run_probe", lambda out, model=None, base=None: probe.write_overlay(
+        resources.ROOT / "data" / "sustained" / "h100_sxm", "h100_sxm", Path(out) / "overlay.yaml"))
+    (tmp_path / "probe-h100").mkdir()
+    assert main(["probe", "run", "--out", "probe-h100/"]) == 0
+    return capsys.readouterr().out
+
+
+def test_probe_run_prints_the_power_fit_of_its_measurement(tmp_path, capsys, monkeypatch):
+    """``probe run``'s next command names its overlay and a coefficient file beside the folder."""
+    text = probe_run(tmp_path, capsys, monkeypatch)
+    assert not placeholders(text), text
+    assert text.splitlines()[1:] == [f"  roofcal power fit --coeffs {resources.COEFFS / 'h100_sxm.yaml'} "
+                                     "--gpu probe-h100/overlay.yaml --out probe-h100-coeffs.yaml"]
+
+
+@pytest.mark.slow
+def test_probe_runs_next_command_runs_as_printed(tmp_path, capsys, monkeypatch):
+    text = probe_run(tmp_path, capsys, monkeypatch)
+    assert len(run_hints(text, tmp_path)) == 1
+    assert (tmp_path / "probe-h100-coeffs.yaml").is_file()
+
+
+def test_validate_names_the_export_that_writes_its_files_again(tmp_path):
+    """The ``export blis`` command ``workload validate`` prints writes where validate kept its
+    files (``--keep``), else into ``blis/`` as the README's: a folder, not ``DIR``."""
+    from roofcal.cli.main import build_parser
+    from roofcal.cli.workload import export_command
+    for how, flag in (("per-deployment", "--out-dir"), ("per-run", "--out-dir"), ("global", "--out")):
+        a = build_parser().parse_args(["workload", "validate", str(RUNS), "--coeffs", "c.yaml", "--export", how])
+        gone, kept = export_command(a), export_command(a, [tmp_path / "defaults" / "x.yaml"])
+        assert not placeholders(gone) and not placeholders(kept), (gone, kept)
+        assert shlex.split(gone)[shlex.split(gone).index(flag) + 1] in ("blis/", "blis.yaml")
+        want = tmp_path / "defaults" / ("x.yaml" if how == "global" else "")
+        assert Path(shlex.split(kept)[shlex.split(kept).index(flag) + 1]) == want.resolve()
 
 
 def test_calibrate_says_which_iterate_it_keeps_and_why():

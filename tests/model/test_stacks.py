@@ -1,6 +1,7 @@
 """Serving stacks in coefficient files: named, recorded, chosen explicitly; CPU–GPU overlap."""
 
 import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -85,10 +86,13 @@ def test_a_file_without_a_stack_is_never_used_for_steps_by_accident(tmp_path):
     path = tmp_path / "kernels.yaml"
     coeff_io.save(Coefficients.neutral(H100), path)
     steps = [Step(decode=(500,) * 4)]
-    with pytest.raises(RoofcalError, match="no serving stack.*--stack none"):
+    with pytest.raises(RoofcalError, match="no serving stack.*--stack none") as refused:
         predict(steps, model="llama-2-7b-hf", gpu="h100_sxm", tp=1, coeffs=str(path))
     df = predict(steps, model="llama-2-7b-hf", gpu="h100_sxm", tp=1, coeffs=str(path), stack="none")
     assert df["stack"].tolist() == ["none"] and df["overhead_us"].iloc[0] < 1e-6          # neutral: 1e-9 µs each
+    # the stack the refusal suggests borrowing is a real one: the H100 file's
+    borrowed = re.search(r"--stack (\S+:vllm) ", str(refused.value)).group(1)
+    assert coeff_io.resolve_stack(coeff_io.load(path), borrowed).stack == "vllm"
     # borrowing a stack from another file names the file and its hash
     donor = tmp_path / "donor.yaml"
     coeff_io.save(coeff_io.add_stack(Coefficients.neutral(H100), "vllm", _stack(2000.0)), donor)

@@ -1,22 +1,18 @@
 """A new GPU as the README walks it: a datasheet from ``roofcal gpu show NAME --yaml``, then each
-command the previous one prints, run as printed. Words in capitals in a printed command are the
-user's own files (its text says so); the test puts real ones there and changes nothing else."""
+command the previous one prints, run as printed (the bootstrap's step file is written by the
+``printf`` line it prints, in a shell)."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-A100_NCCL = ROOT / "data" / "microbench" / "a100_sxm" / "nccl-2.27.3" / "nccl_perf.parquet"
-
-#: what stands for the user's own files in a printed command, and what the test gives instead
-YOURS = {"NEW.yaml": "new_coeffs.yaml", "MODEL": "llama-2-7b-hf", "TP": "1", "STEPS.jsonl": "steps.jsonl",
-         "KERNELS": str(A100_NCCL)}
 
 
 def run(argv, capsys) -> str:
@@ -28,14 +24,17 @@ def run(argv, capsys) -> str:
     return out
 
 
-def printed_commands(out: str) -> list[list[str]]:
-    """The ``roofcal …`` commands an output prints (one per line, indented), placeholders filled."""
+def printed_commands(out: str, cwd: Path | None = None) -> list[list[str]]:
+    """The ``roofcal …`` commands an output prints (one per line, indented), as argv; a printed
+    ``printf … > FILE`` line is run in a shell in ``cwd`` instead."""
     cmds = []
     for line in out.splitlines():
         m = re.match(r"\s+(roofcal .*)$", line)
         if m:
-            argv = shlex.split(m.group(1))[1:]
-            cmds.append([YOURS.get(a, a) for a in argv])
+            cmds.append(shlex.split(m.group(1))[1:])
+        elif re.match(r"\s+printf ", line):
+            assert cwd is not None, line
+            subprocess.run(["bash", "-c", line.strip()], cwd=cwd, check=True)
     return cmds
 
 
@@ -43,20 +42,20 @@ def printed_commands(out: str) -> list[list[str]]:
 def test_new_gpu_from_a_template_every_printed_hint_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ROOFCAL_CACHE", "off")
-    (tmp_path / "steps.jsonl").write_text('{"prefill": [[512, 0]], "decode": [100, 200]}\n', encoding="utf-8")
     # the A100 stands in for a new GPU: its measured kernels are bundled
     out = run(["gpu", "show", "a100_sxm", "--yaml", "--out", "my_gpu.yaml"], capsys)
     hints = printed_commands(out)
     assert [h[:2] for h in hints] == [["gpu", "bootstrap"]], out
     out = run(hints[0], capsys)
-    assert (tmp_path / "new_coeffs.yaml").is_file()
-    hints = printed_commands(out)
+    assert (tmp_path / "my_gpu_coeffs.yaml").is_file()
+    hints = printed_commands(out, tmp_path)
     assert [h[0] for h in hints] == ["predict", "fit"], out
     assert "my_gpu.yaml" in hints[0] and "my_gpu.yaml" in hints[1]      # the datasheet file, not its name
     run(hints[0], capsys)
-    pred = pd.read_csv(tmp_path / "new_coeffs-pred.csv")       # a name of its own, not the README's pred.csv
+    pred = pd.read_csv(tmp_path / "my_gpu_coeffs-pred.csv")    # a name of its own, not the README's pred.csv
     assert len(pred) == 1 and pred["gpu"].tolist() == ["a100_sxm"] and pred["zero_shot"].all()
-    out = run(hints[1] + ["--quiet"], capsys)
+    assert not pred["ood_what"].fillna("").any()                # the README's deployment: inside the domain
+    out = run(hints[1] + ["--quiet"], capsys)                   # the bundled A100 kernels
     assert (tmp_path / "out" / "a100_sxm.yaml").is_file(), out
 
 

@@ -302,7 +302,7 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
         raise RoofcalError(f"{path}: field '{blank[0]}' is blank ({field_note(blank[0])})")
     if blank:
         raise RoofcalError(f"{path}: {len(blank)} required fields are blank: {', '.join(blank)} "
-                           f"(their units: roofcal gpu template NAME)")
+                           f"(their units: roofcal gpu template my_gpu)")
     peaks = raw["dense_tflops"]
     if not isinstance(peaks, dict):
         raise RoofcalError(f"{path}: field 'dense_tflops' must map dtype to TFLOP/s")
