@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# How long the README's commands take for a newcomer: a fresh clone of this repository (with
-# ../shared beside it, as CI has it) and an empty home folder, so nothing is cached; each command
-# is run once there (first run: JAX compiles, programs are cached) and then RUNS more times
-# (later runs). Prints a Markdown table (median and range of the later runs, the first run, the
-# machine's cores and load) for the README's "How long"; also written to OUT.
+# How long the README's commands take for a newcomer: a fresh clone of this repository's last
+# commit (with ../shared beside it, as CI has it); each command is run once with an empty home
+# folder of its own, so nothing is cached (first run: JAX compiles, programs are cached there),
+# then RUNS more times with that home (later runs). Prints a Markdown table (the first run, the
+# median and range of the later runs; the machine's cores and its load, the 1-minute average read
+# before the first command and after every run) for the README's "How long"; also written to OUT.
 #
-#   bench/timings.sh [RUNS=2] [OUT=bench/TIMINGS.md]    # about 15 min on 2 cores
+#   bench/timings.sh [RUNS=2] [OUT=bench/TIMINGS.md]    # about 20 min on 2 cores with RUNS=1
 #   TIMINGS_LONG=1 bench/timings.sh                     # also workload validate (+3-15 min)
 set -euo pipefail
 RUNS=${1:-2}
@@ -19,7 +20,10 @@ ln -s "$SHARED" "$WORK/w/shared"
 git clone -q "$REPO" "$WORK/w/roofcal"
 cd "$WORK/w/roofcal"
 export HOME="$WORK/home" PIP_RETRIES=0
-load_before=$(cut -d' ' -f1 /proc/loadavg)
+# caches found through the home folder only (roofcal's and JAX's, matplotlib's, pip's)
+unset XDG_CACHE_HOME ROOFCAL_CACHE ROOFCAL_PROGRAMS JAX_COMPILATION_CACHE_DIR MPLCONFIGDIR PIP_CACHE_DIR
+load() { cut -d' ' -f1 /proc/loadavg; }
+loads=("$(load)")
 
 seconds() {   # seconds a command takes (its output to a log; a failure stops the script)
   local t0 t1
@@ -40,13 +44,15 @@ export ROOFCAL_BLIS="$SHARED/tools/blis"
 
 declare -a NAMES=(
   "roofcal fit (the main job)"
-  "the test command"
+  "the test command (quick tier)"
+  "the slow tier"
   "roofcal predict (the README's 3 steps)"
   "roofcal export blis --out-dir for the 3 deployments"
 )
 declare -a CMDS=(
   "roofcal fit"
   "python -m pytest -q"
+  "python -m pytest -q -m slow"
   "roofcal predict --model llama-3.1-70b-instruct --gpu h100_sxm --tp 4 --steps steps.jsonl --coeffs coeffs/h100_sxm.yaml --out pred.csv"
   "roofcal export blis --coeffs coeffs/h100_sxm.yaml --defaults data/blis/defaults.yaml --out-dir blis/ --for ../shared/workload/default_args"
 )
@@ -60,24 +66,28 @@ fmt() {   # "first | median (min–max) of later"
 import statistics, sys
 first, *later = map(float, sys.argv[1:])
 unit = (lambda s: f"{s:.1f} s") if max([first, *later]) < 120 else (lambda s: f"{s / 60:.1f} min")
-rest = f"{unit(statistics.median(later))} ({unit(min(later))}–{unit(max(later))}, {len(later)} runs)" if later else "—"
+rest = (f"{unit(statistics.median(later))} ({unit(min(later))}–{unit(max(later))}, {len(later)} runs)"
+        if len(later) > 1 else f"{unit(later[0])} (1 run)" if later else "—")
 print(f"{unit(first)} | {rest}")
 EOF
 }
 
 rows=()
 for i in "${!CMDS[@]}"; do
+  export HOME="$WORK/home-$i"            # the first run of every command: an empty home, nothing cached
+  mkdir -p "$HOME"
   times=()
   for ((r = 0; r <= RUNS; r++)); do
     times+=("$(seconds "${CMDS[$i]}")")
+    loads+=("$(load)")
   done
   rows+=("| ${NAMES[$i]} | $(fmt "${times[@]}") |")
 done
-load_after=$(cut -d' ' -f1 /proc/loadavg)
+range=$(printf '%s\n' "${loads[@]}" | sort -g | sed -n '1p;$p' | paste -sd' ')
 {
-  echo "How long, measured by bench/timings.sh on $(date -u +%Y-%m-%d): $(nproc) cores," \
-       "load $load_before before / $load_after after; a fresh clone with an empty home" \
-       "(install $(printf '%.0f' "$install") s)."
+  echo "How long, measured by bench/timings.sh on $(date -u +%Y-%m-%d): $(nproc) cores, load" \
+       "${range% *}–${range#* } (the 1-minute average before the first command and after each run);" \
+       "a fresh clone, each command's first run with an empty home (install $(printf '%.0f' "$install") s)."
   echo
   echo "| command | first run (empty home, compiling) | later runs: median (range) |"
   echo "|---|---|---|"
