@@ -142,8 +142,9 @@ def fit_form(coeffs_path: str | Path | None, defaults_path: str | Path = resourc
         for split in metrics:
             metrics[split]["measured"] = s[split]
     # what the betas were fitted for: the distilled deployments, then the measured ones
-    deps = [Deployment(r.spec.ref, r.deployment.tp) for r in resolved]
-    deps += sorted({Deployment(d.model.ref, d.tp) for d in measured} - set(deps), key=lambda d: (d.model, d.tp))
+    deps = [Deployment(r.spec.ref, r.deployment.tp, r.deployment.parallel) for r in resolved]
+    deps += sorted({Deployment(d.model.ref, d.tp, d.model.parallel) for d in measured} - set(deps),
+                   key=lambda d: (d.model, d.tp, d.label))
     provenance = {
         "method": " + ".join(method),
         "coeffs": None if c is None else {**file_record(Path(coeffs_path)), "gpu": c.gpu},
@@ -204,7 +205,7 @@ def provenance_comment(form: BlisForm, form_path: str | Path | None = None) -> s
         parts.append(source_note(c.get("path"), c.get("sha256"), p.get("kernels")))
     if form_path is not None:
         parts.append(f"via {resources.display(Path(form_path))} (sha256 {sha256_file(form_path)[:12]})")
-    deps = ", ".join(f"{d.model} TP{d.tp}" for d in form.deployments)
+    deps = ", ".join(f"{d.model} {d.title}" for d in form.deployments)
     parts.append(f"for {deps} on {form.hardware};")
     m = form.metrics
     held = []

@@ -161,6 +161,13 @@ class Deployment:
         p = self.parallel
         return served(spec, p.dp, p.ep, p.moe_comm, where=f"--model {self.model} --tp {self.tp} --dp {p.dp}")
 
+    def record(self) -> dict:
+        """``{model, tp}`` for a file's ``deployments`` list, with ``dp``, ``ep`` and ``moe_comm``
+        where the layout goes beyond TP (:func:`deployments_from_records` reads it back)."""
+        p = self.parallel
+        out = {"model": self.model, "tp": int(self.tp)}
+        return out if p == Parallel() else {**out, "dp": p.dp, "ep": p.ep, "moe_comm": p.moe_comm}
+
     def blis_flags(self) -> list[str]:
         """BLIS's flags for the layout beyond TP (none for a TP deployment)."""
         p = self.parallel
@@ -512,7 +519,8 @@ def fit_blis(rows: Sequence[Rows], input_beta: Sequence[float], settings: BlisFi
 
 
 def deployments_from_records(records, where: str) -> list[Deployment]:
-    """``[{model, tp}, ...]`` (a coefficient file's ``fit.deployments``) → deployments."""
+    """``[{model, tp}, ...]`` (a coefficient file's ``fit.deployments``; with ``dp``, ``ep`` and
+    ``moe_comm`` where given: :meth:`Deployment.record`) → deployments."""
     if not isinstance(records, list):
         raise RoofcalError(f"{where}: expected a list of {{model, tp}}")
     out = []
@@ -521,7 +529,12 @@ def deployments_from_records(records, where: str) -> list[Deployment]:
         tp = r.get("tp") if isinstance(r, dict) else None
         if not isinstance(model, str) or isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise RoofcalError(f"{where}[{i}]: expected {{model: <name>, tp: <integer ≥ 1>}}, got {r!r}")
-        out.append(Deployment(model, tp))
+        dp, ep, comm = r.get("dp", 1), r.get("ep", False), r.get("moe_comm", Parallel().moe_comm)
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1 or not isinstance(ep, bool) \
+                or not isinstance(comm, str):
+            raise RoofcalError(f"{where}[{i}]: expected dp an integer ≥ 1, ep true or false and moe_comm "
+                               f"a backend name, got {r!r}")
+        out.append(Deployment(model, tp, Parallel(dp, ep, comm)))
     return out
 
 

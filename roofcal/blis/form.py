@@ -87,7 +87,7 @@ def form_to_yaml(form: BlisForm) -> str:
         "hardware": {"name": form.hardware, "TFlopsPeak": float(form.hardware_calib.tflops_peak),
                      "TFlopsFP8": float(form.hardware_calib.tflops_fp8),
                      "BwPeakTBs": float(form.hardware_calib.bw_peak_tbs)},
-        "deployments": [{"model": d.model, "tp": int(d.tp)} for d in form.deployments],
+        "deployments": [d.record() for d in form.deployments],
         "alpha": [float(a) for a in form.alpha],
         "alpha_source": form.alpha_source,
         "beta": [float(b) for b in form.beta],

@@ -68,3 +68,16 @@ def test_dp_flags_need_the_deployments_they_lay_out(tmp_path, capsys):
                  str(tmp_path / "o"), "--model", "llama-2-7b-hf:1", "--dp", "2", "--enable-expert-parallel"]) == 2
     assert "needs an MoE model" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_deployments_layout_is_recorded_and_read_back():
+    from roofcal.blis.fit import Deployment, deployments_from_records
+    from roofcal.errors import RoofcalError
+    from roofcal.physics.config import Parallel
+    deps = [Deployment("a", 2), Deployment("b", 1, Parallel(8, True, "deepep_low_latency"))]
+    records = [d.record() for d in deps]
+    assert records[0] == {"model": "a", "tp": 2}              # a TP deployment's record as before
+    assert records[1] == {"model": "b", "tp": 1, "dp": 8, "ep": True, "moe_comm": "deepep_low_latency"}
+    assert deployments_from_records(records, "f") == deps
+    with pytest.raises(RoofcalError, match=r"f\[0\]: expected dp an integer"):
+        deployments_from_records([{"model": "a", "tp": 1, "dp": 0}], "f")
