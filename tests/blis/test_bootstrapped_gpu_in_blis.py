@@ -15,7 +15,7 @@ import pytest
 from roofcal.cli.main import main
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-BLIS = SHARED / "tools" / "blis"
+BLIS = (SHARED / "tools" / "blis").resolve()        # as roofcal prints it (../shared may be a link)
 
 
 @pytest.mark.slow

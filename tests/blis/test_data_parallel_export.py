@@ -16,7 +16,7 @@ from roofcal.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = ROOT / "data" / "blis" / "defaults.yaml"
 COEFFS = ROOT / "coeffs" / "h100_sxm.yaml"
-BLIS = ROOT.parent / "shared" / "tools" / "blis"
+BLIS = (ROOT.parent / "shared" / "tools" / "blis").resolve()        # as roofcal prints it (../shared may be a link)
 
 
 def _metrics(stdout: str) -> dict:

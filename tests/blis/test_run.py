@@ -39,7 +39,7 @@ from roofcal.measurements.workload import read_experiment
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 RUNS = SHARED / "workload" / "default_args"
-BLIS = SHARED / "tools" / "blis"
+BLIS = (SHARED / "tools" / "blis").resolve()        # as roofcal prints it (../shared may be a link)
 CODEGEN_7B = "20260217-155451-llama-2-7b-tp1-codegen"
 MIXTRAL = "20260218-120914-mixtral-8x7b-v0-1-tp2-codegen"
 

@@ -24,7 +24,7 @@ from roofcal.measurements.workload import read_experiment
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 RUNS = SHARED / "workload" / "default_args"
-BLIS = SHARED / "tools" / "blis"
+BLIS = (SHARED / "tools" / "blis").resolve()        # as roofcal prints it (../shared may be a link)
 CODEGEN_7B = "20260217-155451-llama-2-7b-tp1-codegen"
 
 needs_data = pytest.mark.skipif(not RUNS.is_dir(), reason=f"experiments {RUNS} not found")

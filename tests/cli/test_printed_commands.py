@@ -22,7 +22,7 @@ from roofcal.io import yaml_load, yaml_text
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 RUNS = SHARED / "workload" / "default_args"
-BLIS = SHARED / "tools" / "blis"
+BLIS = (SHARED / "tools" / "blis").resolve()        # as roofcal prints it (../shared may be a link)
 CODEGEN_7B = "20260217-155451-llama-2-7b-tp1-codegen"
 
 needs_blis = pytest.mark.skipif(not (BLIS.is_file() and RUNS.is_dir()),
