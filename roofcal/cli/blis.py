@@ -26,8 +26,8 @@ def _deployments(a):
     import re
 
     from roofcal.blis.fit import Deployment
-
     from roofcal.physics.config import Parallel
+
     layout = Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)
     if not a.model and not a.tp:
         if layout != Parallel():
