@@ -219,11 +219,10 @@ def mixes(coeffs: Coefficients, target: Target, seed: int = 42) -> dict:
     from roofcal.model.domain import context_limit
     from roofcal.model.serving import loads_of
     from roofcal.physics.capacity import capacity
-    from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     from roofcal.physics.steps import Step, batch_steps
     gpu = load_gpu(coeffs.gpu)
-    spec = target.deployment.served(load_model(target.deployment.model))
+    spec = target.deployment.spec()
     tp, ranks = int(target.deployment.tp), target.deployment.ranks
     if target.experiments:
         loads = [ld for e in target.experiments for ld in loads_of(e, seed)]
@@ -312,11 +311,10 @@ def deployment_cycle(coeffs: Coefficients, target: Target, api_us: float, alphas
 
     from roofcal.model.combine import step_breakdown
     from roofcal.model.serving import first_token_parts, loads_of, run_state, step_grid
-    from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     from roofcal.physics.steps import Step, batch_steps
     gpu = load_gpu(coeffs.gpu)
-    spec = target.deployment.served(load_model(target.deployment.model))
+    spec = target.deployment.spec()
     tp = int(target.deployment.tp)
     if not target.experiments:
         t = step_breakdown(coeffs.params, spec, gpu, tp,
@@ -391,7 +389,6 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
 
     from roofcal.model.operating import operating_point, power_of
     from roofcal.model.serving import loads_of, operating_points, step_grid
-    from roofcal.physics.config import load_model
     from roofcal.physics.hardware import load_gpu
     gpu = load_gpu(coeffs.gpu)
     pm = power_of(coeffs, gpu)
@@ -405,7 +402,7 @@ def operating_clock(coeffs: Coefficients, targets: Sequence[Target], clock: str 
     alphas = jnp.asarray(_stack_alphas(coeffs), jnp.float32)
     ftc = stack_first_token_cycles(coeffs)
     for t in targets:
-        spec, tp = t.deployment.served(load_model(t.deployment.model)), int(t.deployment.tp)
+        spec, tp = t.deployment.spec(), int(t.deployment.tp)
         sat = mixes(coeffs, t, seed).get("saturated")
         limit = []
         if sat is not None:                  # the deployment at its limit, after its stages
@@ -613,12 +610,11 @@ def blis_kv_blocks(target: Target, gpu) -> int | None:
     (Mixtral TP 1, DP 4: "weights 86.99 GiB … exceeds 72 GiB", where each GPU holds a quarter of
     the experts). None for a TP deployment, whose KV BLIS sizes itself."""
     from roofcal.physics.capacity import capacity
-    from roofcal.physics.config import load_model
     d = target.deployment
     if d.ranks == 1:
         return None
     seqs, budget = server_limits(target)
-    spec = d.served(load_model(d.model))
+    spec = d.spec()
     return d.ranks * capacity(spec, gpu, int(d.tp), max_num_batched_tokens=budget // d.ranks,
                               max_num_seqs=seqs // d.ranks).kv_blocks
 

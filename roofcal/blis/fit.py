@@ -148,18 +148,16 @@ class Deployment:
 
     @property
     def title(self) -> str:
-        """``TP<T>``, with ``DP<N> EP (<backend>)`` where given: how printed lines name it."""
-        p = self.parallel
-        if p == Parallel():
-            return f"TP{self.tp}"
-        return f"TP{self.tp} DP{p.dp}" + (" EP" if p.ep else "") + f" ({p.moe_comm})"
+        """How printed lines name it (:meth:`roofcal.physics.config.Parallel.title`)."""
+        return self.parallel.title(self.tp)
 
     def served(self, spec: ModelSpec) -> ModelSpec:
         """``spec`` as this deployment serves it (:func:`roofcal.physics.config.served`)."""
-        if self.parallel == Parallel():
-            return spec
-        p = self.parallel
-        return served(spec, p.dp, p.ep, p.moe_comm, where=f"--model {self.model} --tp {self.tp} --dp {p.dp}")
+        return served(spec, self.parallel, where=f"--model {self.model} --tp {self.tp} --dp {self.parallel.dp}")
+
+    def spec(self) -> ModelSpec:
+        """Its model loaded and laid out as it is served (:meth:`served`)."""
+        return self.served(load_model(self.model))
 
     def record(self) -> dict:
         """``{model, tp}`` for a file's ``deployments`` list, with ``dp``, ``ep`` and ``moe_comm``

@@ -26,9 +26,10 @@ def _deployments(a):
     import re
 
     from roofcal.blis.fit import Deployment
+    from roofcal.cli.main import parallel_of
     from roofcal.physics.config import Parallel
 
-    layout = Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)
+    layout = parallel_of(a)
     if not a.model and not a.tp:
         if layout != Parallel():
             raise RoofcalError("--dp, --enable-expert-parallel and --moe-comm-backend apply to the "

@@ -23,7 +23,7 @@ def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_mem
     spec, g = load_model(model), load_gpu(gpu)
     if parallel is not None and parallel != Parallel():
         check_tp(spec, tp)
-        spec = served(spec, parallel.dp, parallel.ep, parallel.moe_comm)
+        spec = served(spec, parallel)
     limit = context_limit(spec)
     if limit and context > limit:
         raise RoofcalError(f"--context {context:,} exceeds {spec.name}'s limit of {limit:,} tokens "
@@ -52,10 +52,9 @@ def capacity_text(model: str, gpu: str, tp: int, kv_dtype: str = "auto", gpu_mem
 
 
 def cmd_capacity(a) -> None:
-    from roofcal.physics.config import Parallel
+    from roofcal.cli.main import parallel_of
     print(capacity_text(a.model, a.gpu, a.tp, a.kv_dtype, a.gpu_memory_utilization, a.block_size, a.context,
-                        a.weight_dtype, a.max_num_batched_tokens, a.max_num_seqs,
-                        Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)))
+                        a.weight_dtype, a.max_num_batched_tokens, a.max_num_seqs, parallel_of(a)))
 
 
 def register(sub) -> None:

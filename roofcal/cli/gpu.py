@@ -255,10 +255,9 @@ def cmd_whatif(a) -> None:
     from roofcal.tables import table
     from roofcal.transfer.whatif import FIELDS, by_phase, describe, parse_changes, whatif
     changes = parse_changes(a.set)
-    from roofcal.physics.config import Parallel
+    from roofcal.cli.main import parallel_of
     df = whatif(a.steps, coeffs=a.coeffs, model=a.model, gpu=a.gpu, tp=a.tp, changes=changes,
-                rule=None if a.fixed_efficiency else a.rule,
-                parallel=Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend))
+                rule=None if a.fixed_efficiency else a.rule, parallel=parallel_of(a))
     phases = by_phase(df)
     what = ", ".join(f"{k}={v:g}" for k, v in changes.items()) or "no change"
     how = "fixed in shape" if a.fixed_efficiency else f"carried by bootstrap rule '{a.rule}'"

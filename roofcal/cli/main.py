@@ -103,6 +103,12 @@ def add_parallel_options(s) -> None:
                         f"--moe-comm-backend): {', '.join(MOE_COMM_BACKENDS)} (default allgather_reducescatter)")
 
 
+def parallel_of(a):
+    """The :class:`roofcal.physics.config.Parallel` of :func:`add_parallel_options`' options."""
+    from roofcal.physics.config import Parallel
+    return Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)
+
+
 def _register_plugins(sub) -> None:
     import importlib
     for name in COMMAND_MODULES:

@@ -19,10 +19,9 @@ def cmd_predict(a) -> None:
         if not a.steps:
             raise RoofcalError("predict: give --steps FILE (step JSONL) or --ops FILE (per-op CSV)")
         from roofcal.model.predict import predict
-        from roofcal.physics.config import Parallel
+        from roofcal.cli.main import parallel_of
         df = predict(a.steps, model=a.model, gpu=a.gpu, tp=a.tp, coeffs=a.coeffs, stack=a.stack,
-                     kernels=a.kernels, clock=a.clock,
-                     parallel=Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend))
+                     kernels=a.kernels, clock=a.clock, parallel=parallel_of(a))
     write_csv_atomic(df, a.out)
     print(f"wrote {len(df)} rows to {a.out}")
     if not a.ops and a.clock == "sustained":

@@ -250,10 +250,10 @@ def cmd_saturation(a) -> None:
     spec, gpu = load_model(a.model), load_gpu(a.gpu or c.gpu)
     c.check_gpu(gpu, where="--gpu")
     check_tp(spec, a.tp)
-    from roofcal.physics.config import Parallel, served
-    par = Parallel(a.dp, a.enable_expert_parallel, a.moe_comm_backend)
-    if par != Parallel():
-        spec = served(spec, par.dp, par.ep, par.moe_comm)
+    from roofcal.cli.main import parallel_of
+    from roofcal.physics.config import served
+    par = parallel_of(a)
+    spec = served(spec, par)
     # a data-parallel deployment's steady state is all its ranks' (each with vLLM's limits)
     r = par.dp
     kv = r * (a.kv_blocks or capacity(spec, gpu, a.tp, max_num_batched_tokens=a.max_num_batched_tokens,
@@ -262,7 +262,7 @@ def cmd_saturation(a) -> None:
                 max_seqs=r * a.max_num_seqs, budget=r * a.max_num_batched_tokens)
     from roofcal.model.operating import power_of
     s = saturation(c.params, spec, gpu, a.tp, load, kv, power=power_of(c, gpu) if a.clock == "sustained" else None)
-    layout = f"TP{a.tp}" + ("" if r == 1 else f" DP{r}" + (" EP" if par.ep else "") + f" ({par.moe_comm})")
+    layout = par.title(a.tp)
     per_gpu = "" if r == 1 else f" ({s.rate / (r * a.tp):.3f} per GPU)"
     print(f"{spec.name} {layout} on {gpu.name} (stack {c.stack}), {a.prompt}-token prompts ({a.cached} cached), "
           f"{a.output} output tokens: sustains {s.rate:.2f} requests/s{per_gpu}; limited by {s.limit} "

@@ -130,7 +130,10 @@ def gpu_side(out: dict):
 def overhead_counts(model: ModelSpec, tp: int, t, xp=np):
     """(S, overheads) matrix: how many times each overhead of ``STEP_OVERHEADS`` is paid per step:
     once per busy step, per layer, per prefill sequence, per decode sequence, per token, and per
-    all-reduce per peer GPU (2 per layer, TP − 1 peers)."""
+    all-reduce per peer GPU (2 per layer, TP − 1 peers). ``t``: the step's totals; a data-parallel
+    deployment's overheads are its busiest rank's
+    (:func:`~roofcal.physics.decompose.busiest_rank`)."""
+    t = busiest_rank(t, model.parallel.dp)
     busy = (t.tokens > 0) * 1.0
     L = model.num_layers
     return xp.stack([busy, busy * L, t.n_prefill, t.n_decode, t.tokens,
@@ -223,13 +226,11 @@ def _kernel_breakdown(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, bat
 def _kernel_part(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):
     """(step totals, kernel calls, their ideal times, their µs per step) of ``batch``: the part
     of a step before the step level, traced inside :func:`_step_breakdown` and
-    :func:`_kernel_breakdown` alike; for a data-parallel deployment the totals are its busiest
-    rank's (:func:`~roofcal.physics.decompose.busiest_rank`)."""
+    :func:`_kernel_breakdown` alike."""
     t = step_totals(batch, jnp)
     calls = step_ops(model, tp, t)
     ideal = ideal_step_times(gpu, calls)
-    # the step level (overheads per sequence and token) is the busiest data-parallel rank's
-    return busiest_rank(t, model.parallel.dp), calls, ideal, kernel_times(params, calls, ideal)
+    return t, calls, ideal, kernel_times(params, calls, ideal)
 
 
 def step_time(params: dict, model: ModelSpec, gpu: GPUSpec, tp: int, batch: StepBatch):

@@ -68,8 +68,7 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
     for (m, g, t), idx in group_by_deployment(records, model, gpu, tp, src).items():
         spec, gspec = load_model(m), load_gpu(g)
         check_tp(spec, int(t), where=given_by(records, idx, "tp", src))
-        if parallel != Parallel():
-            spec = served(spec, parallel.dp, parallel.ep, parallel.moe_comm)
+        spec = served(spec, parallel)
         recs = [records[i] for i in idx]
         c = resolve_coeffs(coeffs, gspec, stack, steps=True, kernels=kernels)
         df = compute(c, spec, gspec, int(t), batch_steps(recs), recs)

@@ -79,6 +79,13 @@ class Parallel:
         """True when the MoE dispatch and combine are all-to-alls (:data:`MOE_COMM_ALLTOALL`)."""
         return self.moe_comm in MOE_COMM_ALLTOALL
 
+    def title(self, tp: int) -> str:
+        """How printed lines name a deployment at TP ``tp`` with this layout: ``TP<T>``, with
+        ``DP<N> EP (<backend>)`` beyond plain TP."""
+        if self == Parallel():
+            return f"TP{tp}"
+        return f"TP{tp} DP{self.dp}" + (" EP" if self.ep else "") + f" ({self.moe_comm})"
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -593,14 +600,15 @@ def check_tp(model: ModelSpec, tp: int, where: str = "--tp") -> None:
                            f"num_key_value_heads={model.num_kv_heads}")
 
 
-def served(model: ModelSpec, dp: int = 1, ep: bool = False,
-           moe_comm: str = "allgather_reducescatter", where: str = "--dp") -> ModelSpec:
-    """``model`` as a deployment of ``dp`` data-parallel ranks serves it (:class:`Parallel`).
+def served(model: ModelSpec, parallel: Parallel, where: str = "--dp") -> ModelSpec:
+    """``model`` as a deployment laid out as ``parallel`` serves it (``model`` itself when that
+    is already its layout: a plain TP deployment by default).
 
     Refused, naming ``where``: ``dp`` not a positive integer; expert parallelism or an
     all-to-all backend on a dense model; an all-to-all backend without expert parallelism
     (vLLM runs those backends only for expert-parallel MoE layers); an unknown backend.
     """
+    dp, ep, moe_comm = parallel.dp, parallel.ep, parallel.moe_comm
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
         raise RoofcalError(f"{where}: data-parallel size must be a positive integer, got {dp!r}")
     if moe_comm not in MOE_COMM_BACKENDS:
@@ -611,7 +619,8 @@ def served(model: ModelSpec, dp: int = 1, ep: bool = False,
     if moe_comm in MOE_COMM_ALLTOALL and not ep:
         raise RoofcalError(f"{where}: MoE comm backend {moe_comm!r} is an all-to-all, which vLLM "
                            "runs only with expert parallelism (--enable-expert-parallel)")
-    return replace(model, parallel=Parallel(dp, bool(ep), moe_comm))
+    layout = Parallel(dp, bool(ep), moe_comm)
+    return model if layout == model.parallel else replace(model, parallel=layout)
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:

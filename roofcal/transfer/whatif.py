@@ -37,7 +37,7 @@ from roofcal.model import curves
 from roofcal.transfer.bootstrap import DEFAULT_RULE, op_rates, shifted_range, shifts
 from roofcal.physics.components import ideal_times
 from roofcal.physics.config import ModelSpec, Parallel
-from roofcal.physics.decompose import busiest_rank, step_ops
+from roofcal.physics.decompose import step_ops
 from roofcal.errors import RoofcalError
 from roofcal.physics.hardware import NUMERIC_FIELDS, GPUSpec
 from roofcal.physics.hardware.datasheet import PER_US
@@ -119,7 +119,7 @@ def step_times(params: dict, theta: dict, model: ModelSpec, gpu: GPUSpec, ref: G
                                            c.work, rates[name], op_rates(ref, c.kind, c.variant),
                                            rule)
                    for name, c in calls.items()}
-    out = combine(params["step"], model, tp, busiest_rank(t, model.parallel.dp), kernels)
+    out = combine(params["step"], model, tp, t, kernels)
     out[FIXED] = fixed_time(params, calls, kernels, out)
     return out
 

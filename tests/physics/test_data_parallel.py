@@ -35,7 +35,7 @@ def test_the_busiest_rank_takes_the_ceiling_of_each_phase():
 
 def test_dp_1_is_the_tp_step_call_for_call():
     plain = step_ops(MIXTRAL, 2, TOTALS)
-    again = step_ops(served(MIXTRAL, 1), 2, TOTALS)
+    again = step_ops(served(MIXTRAL, Parallel(1)), 2, TOTALS)
     assert list(plain) == list(again)
     for name in plain:
         assert _val(plain[name].work.flops) == _val(again[name].work.flops)
@@ -43,7 +43,7 @@ def test_dp_1_is_the_tp_step_call_for_call():
 
 
 def test_expert_parallel_ranks_by_hand():
-    ops = step_ops(served(MIXTRAL, 4, ep=True), 1, TOTALS)
+    ops = step_ops(served(MIXTRAL, Parallel(4, True)), 1, TOTALS)
     d, inter = 4096, 14336
     # attention and projections on the busiest rank's 102 tokens
     assert _val(ops["qkv_proj"].work.flops) == pytest.approx(2 * 102 * 6144 * d, rel=1e-6)
@@ -59,19 +59,19 @@ def test_expert_parallel_ranks_by_hand():
 
 
 def test_an_all_to_all_sends_each_rank_token_to_its_top_k_experts():
-    ops = step_ops(served(MIXTRAL, 4, ep=True, moe_comm="deepep_low_latency"), 1, TOTALS)
+    ops = step_ops(served(MIXTRAL, Parallel(4, True, "deepep_low_latency")), 1, TOTALS)
     assert ops["moe_dispatch"].kind == ops["moe_combine"].kind == "alltoall"
     # 102 tokens · top-2 · 4,096 · 2 bytes, 3/4 of it to the other GPUs
     assert _val(ops["moe_combine"].work.bytes) == pytest.approx(0.75 * 102 * 2 * 4096 * 2)
 
 
 def test_without_expert_parallelism_every_ffn_is_split_over_dp_tp():
-    ops = step_ops(served(MIXTRAL, 2), 2, TOTALS)
+    ops = step_ops(served(MIXTRAL, Parallel(2)), 2, TOTALS)
     moe = ops["moe"].work.shape
     assert (_val(moe[0]), _val(moe[5]), _val(moe[6])) == (208, 4, 1)      # tokens, tp, ep
     # weights: attention on every rank at TP 2, the experts over all 4 GPUs
-    assert weight_bytes_per_gpu(served(MIXTRAL, 2), 2) < weight_bytes_per_gpu(MIXTRAL, 2)
-    assert weight_bytes_per_gpu(served(MIXTRAL, 2), 2) == weight_bytes_per_gpu(served(MIXTRAL, 2, ep=True), 2)
+    assert weight_bytes_per_gpu(served(MIXTRAL, Parallel(2)), 2) < weight_bytes_per_gpu(MIXTRAL, 2)
+    assert weight_bytes_per_gpu(served(MIXTRAL, Parallel(2)), 2) == weight_bytes_per_gpu(served(MIXTRAL, Parallel(2, True)), 2)
 
 
 @pytest.mark.parametrize("kw, says", [
@@ -81,9 +81,9 @@ def test_without_expert_parallelism_every_ffn_is_split_over_dp_tp():
 ])
 def test_bad_layouts_are_refused(kw, says):
     with pytest.raises(RoofcalError, match=says):
-        served(MIXTRAL, **kw)
+        served(MIXTRAL, Parallel(**kw))
     with pytest.raises(RoofcalError, match="needs an MoE model"):
-        served(load_model("llama-2-7b-hf"), 2, ep=True)
+        served(load_model("llama-2-7b-hf"), Parallel(2, True))
 
 
 @pytest.mark.slow
@@ -104,9 +104,9 @@ def test_each_gpu_of_a_dp_deployment_holds_its_share_of_the_experts():
     from roofcal.physics.capacity import weights_bytes_per_gpu
     experts = 32 * 8 * 3 * 4096 * 14336 * 2            # Mixtral's routed experts, bf16 bytes
     whole = weights_bytes_per_gpu(MIXTRAL, 1)
-    assert whole - weights_bytes_per_gpu(served(MIXTRAL, 4, ep=True), 1) == pytest.approx(0.75 * experts, abs=1)
+    assert whole - weights_bytes_per_gpu(served(MIXTRAL, Parallel(4, True)), 1) == pytest.approx(0.75 * experts, abs=1)
     # DP 2 × TP 2: every expert over 4 GPUs, attention over the rank's 2
-    assert weights_bytes_per_gpu(served(MIXTRAL, 2), 2) == pytest.approx(
+    assert weights_bytes_per_gpu(served(MIXTRAL, Parallel(2)), 2) == pytest.approx(
         weights_bytes_per_gpu(MIXTRAL, 2) - experts / 2 + experts / 4, abs=1)
 
 
@@ -127,7 +127,7 @@ def test_a_step_of_all_ranks_fits_when_each_rank_does():
     gpu = load_gpu("h100_sxm")
     batch = batch_steps([Step(decode=tuple([1000] * 512)), Step(decode=tuple([1000] * 1100))])
     # 4 ranks of max_num_seqs 256: 512 sequences fit (128 a rank), 1,100 do not (275 on the busiest)
-    assert list(fits_memory(served(MIXTRAL, 4, ep=True), gpu, 1, batch)) == [True, False]
+    assert list(fits_memory(served(MIXTRAL, Parallel(4, True)), gpu, 1, batch)) == [True, False]
 
 
 @pytest.mark.slow
