@@ -11,6 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIGS = ROOT / "model_configs"
 COEFFS = ROOT / "coeffs"
+#: the shipped H100 coefficient file: the reference a bootstrap starts from, the stack hints borrow
+REFERENCE_COEFFS = COEFFS / "h100_sxm.yaml"
 #: the measured zero-shot error bands (roofcal.transfer.bands)
 TRANSFER_BANDS = COEFFS / "transfer_bands.yaml"
 DATA = ROOT / "data"
@@ -27,6 +29,14 @@ HARDWARE = Path(__file__).resolve().parent / "physics" / "hardware"
 #: searched after the bundled model configs, relative to the current directory, when it exists
 #: (the serving runs' configs beside the project)
 SHARED_MODEL_CONFIGS = Path("..") / "shared" / "workload" / "model_configs"
+
+
+def here(path) -> str:
+    """``path`` as a command run from the current folder names it: relative below it, else
+    absolute (hints printed for the user to run)."""
+    import os
+    rel = os.path.relpath(os.path.abspath(path))
+    return rel if not rel.startswith("..") else os.path.abspath(path)
 
 
 def default_model_configs() -> list[Path]:

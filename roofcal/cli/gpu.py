@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from roofcal.resources import here
+
 #: SI prefixes of the units in :data:`roofcal.physics.hardware.NUMERIC_FIELDS`
 PREFIXES = {"1e12 ": "T", "1e9 ": "G"}
 
@@ -85,14 +87,6 @@ def show_text(name: str) -> str:
     return "\n".join(lines)
 
 
-def here(path) -> str:
-    """``path`` as a command run from the current folder names it: relative below it, else
-    absolute (hints printed for the user to run)."""
-    import os
-    rel = os.path.relpath(os.path.abspath(path))
-    return rel if not rel.startswith("..") else os.path.abspath(path)
-
-
 def template_command(like: str) -> str:
     """The ``gpu template`` command that writes a blank datasheet with ``like``'s figures as hints,
     as it runs: a new GPU named ``my_gpu`` (any name no bundled datasheet answers to), printed."""
@@ -108,9 +102,10 @@ def coeffs_beside(datasheet) -> str:
 
 
 def reference_coeffs() -> str:
-    """The shipped H100 coefficient file, as :func:`here` names it: the reference of a bootstrap."""
-    from roofcal.resources import COEFFS
-    return here(COEFFS / "h100_sxm.yaml")
+    """The shipped H100 coefficient file, as :func:`~roofcal.resources.here` names it: the
+    reference of a bootstrap."""
+    from roofcal.resources import REFERENCE_COEFFS
+    return here(REFERENCE_COEFFS)
 
 
 def yaml_text(name: str) -> str:

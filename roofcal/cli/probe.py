@@ -32,7 +32,8 @@ def power_fit_commands(folder, overlay) -> list[str]:
     import shlex
     from pathlib import Path
 
-    from roofcal.cli.gpu import here, reference_coeffs
+    from roofcal.cli.gpu import reference_coeffs
+    from roofcal.resources import here
     from roofcal.physics.hardware import load_gpu
     from roofcal.resources import COEFFS
     folder = Path(folder)

@@ -695,10 +695,8 @@ def resolve_stack(c: "Coefficients", spec: str | None, required: bool = False,
 def _resolve_stack(c: "Coefficients", spec: str | None, required: bool) -> "Coefficients":
     if spec is None:
         if required and c.stack is None:
-            import os
-            from roofcal.resources import COEFFS
-            h100 = os.path.relpath(COEFFS / "h100_sxm.yaml")
-            h100 = h100 if not h100.startswith("..") else str(COEFFS / "h100_sxm.yaml")
+            from roofcal.resources import REFERENCE_COEFFS, here
+            h100 = here(REFERENCE_COEFFS)
             raise RoofcalError(f"{c.source}: has no serving stack; pass --stack {NO_STACK} (kernels only) "
                                f"or borrow one, as --stack {h100}:vllm (the H100's)")
         return c
