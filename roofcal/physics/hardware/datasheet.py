@@ -152,7 +152,8 @@ OMITTED = {
                      "no step prediction reads it"),
     "memory_kind": ("unknown", "a bootstrap quotes the zero-shot error measured between any two "
                     "GPUs, not between GPUs of its memory kind"),
-    "compute_capability": ("unknown", "no prediction reads it yet"),
+    "compute_capability": ("unknown", "a bootstrap carries every kernel variant's own surface, as "
+                           "between GPUs of one architecture"),
 }
 
 
