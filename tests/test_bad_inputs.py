@@ -115,6 +115,9 @@ def make_inputs(tmp: Path) -> None:
     w("steps_neg.jsonl", '{"prefill": [[-5, 0]], "decode": []}\n')
     w("steps_nan.jsonl", '{"prefill": [], "decode": [NaN]}\n')
     w("steps_tp3.jsonl", '{"prefill": [[512, 0]], "decode": []}\n{"prefill": [], "decode": [64], "tp": 3}\n')
+    w("steps_ep_dense.jsonl", '{"prefill": [], "decode": [64], "dp": 2, "ep": true}\n')
+    w("steps_ep_str.jsonl", '{"prefill": [], "decode": [64], "ep": "yes"}\n')
+    w("stepsd_dp2.jsonl", '{"prefill": [[2048, 0]], "decode": [], "duration_us": 90000, "dp": 2}\n')
     w("stepsd_tp3.jsonl", '{"prefill": [[2048, 0]], "decode": [], "duration_us": 90000, "tp": 3}\n')
     # datasheets
     ds = L4_DATASHEET.read_text(encoding="utf-8")
@@ -193,6 +196,10 @@ CASES = [
       "--out", "o.csv", says=r"expert parallelism needs an MoE model"),
     C("predict-moe-comm-unknown", "predict", "--steps", "steps.jsonl", *M7, "--dp", "2",
       "--moe-comm-backend", "bogus", "--out", "o.csv", says=r"unknown MoE comm backend 'bogus'"),
+    C("predict-steps-ep-dense", "predict", "--steps", "steps_ep_dense.jsonl", *M7, "--out", "o.csv",
+      says=r"steps_ep_dense.jsonl: step 1 'dp', 'ep': expert parallelism needs an MoE model"),
+    C("predict-steps-ep-not-bool", "predict", "--steps", "steps_ep_str.jsonl", *M7, "--out", "o.csv",
+      says=r"field 'ep' must be true or false, got 'yes'"),
     C("predict-steps-missing", "predict", "--steps", "nope.jsonl", *M7, "--out", "o.csv"),
     C("predict-steps-is-dir", "predict", "--steps", "adir", *M7, "--out", "o.csv"),
     C("predict-steps-empty", "predict", "--steps", "empty.jsonl", *M7, "--out", "o.csv"),
@@ -268,6 +275,8 @@ CASES = [
     C("fit-data-empty-file", *FIT, "--data", "empty.jsonl", "--out", "f.yaml"),
     C("fit-data-yaml", *FIT, "--data", "list.yaml", "--out", "f.yaml"),
     C("fit-gpu-unknown", "fit", "--quiet", "--gpu", "z100", *STEPS_D, "--out", "f.yaml"),
+    C("fit-steps-dp", *FIT, "--data", "stepsd_dp2.jsonl", "--model", "llama-2-7b-hf", "--tp", "1",
+      "--out", "f.yaml", says=r"stepsd_dp2.jsonl: step 1 'dp': a data- or expert-parallel step is predicted"),
     C("fit-prior-missing", *FIT, *STEPS_D, "--prior", "nope.yaml", "--out", "f.yaml"),
     C("fit-prior-csv", *FIT, *STEPS_D, "--prior", "table.csv", "--out", "f.yaml"),
     C("fit-prior-unknown-top-key", *FIT, *STEPS_D, "--prior", "c_topkey.yaml", "--out", "f.yaml"),

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from roofcal.physics.config import ModelSpec, check_tp, load_model
+from roofcal.physics.config import ModelSpec, Parallel, check_tp, load_model
 from roofcal.errors import RoofcalError
 from roofcal.physics.steps import StepBatch, batch_steps, given_by, group_by_deployment, read_steps, uniform_steps
 
@@ -119,7 +119,11 @@ def read_step_jsonl(path: str | Path, model=None, gpu=None, tp=None,
             raise RoofcalError(f"{path}: step {i + 1} has neither 'duration_us' nor 'cycle_us' to fit")
     groups = group_by_deployment(steps, model, gpu, tp, str(path))
     out = []
-    for (m, g, t), idx in groups.items():
+    for (m, g, t, layout), idx in groups.items():
+        if layout != Parallel():
+            raise RoofcalError(f"{given_by(steps, idx, 'layout', str(path))}: a data- or "
+                               f"expert-parallel step is predicted (roofcal predict), not fitted: "
+                               f"fit the kernels, or TP steps")
         spec = load_model(m)
         check_tp(spec, int(t), given_by(steps, idx, "tp", str(path)))
         sel = [steps[i] for i in idx]

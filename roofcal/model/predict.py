@@ -54,8 +54,8 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
                    kernels: str | None = None, parallel: Parallel = Parallel()) -> pd.DataFrame:
     """Run ``compute`` on each deployment's steps; one row per input step, in input order.
 
-    Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP), a step's own fields
-    overriding ``model``/``gpu``/``tp``; each group's model, datasheet, TP and coefficients are
+    Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP, layout), a step's
+    own fields overriding ``model``/``gpu``/``tp``/``parallel``; each group's model, datasheet, TP and coefficients are
     loaded and checked, then ``compute(coeffs, model_spec, gpu_spec, tp, batch, records)`` returns
     a DataFrame with one row per record. Columns ``step``, ``phase``, ``model``, ``gpu``, ``tp`` come
     first.
@@ -65,17 +65,19 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
     if not records:
         raise RoofcalError(f"{src}: no steps")
     frames = []
-    for (m, g, t), idx in group_by_deployment(records, model, gpu, tp, src).items():
+    groups = group_by_deployment(records, model, gpu, tp, src, parallel)
+    laid_out = any(layout != Parallel() for *_, layout in groups)
+    for (m, g, t, layout), idx in groups.items():
         spec, gspec = load_model(m), load_gpu(g)
         check_tp(spec, int(t), where=given_by(records, idx, "tp", src))
-        spec = served(spec, parallel)
+        spec = served(spec, layout, where=given_by(records, idx, "layout", src))
         recs = [records[i] for i in idx]
         c = resolve_coeffs(coeffs, gspec, stack, steps=True, kernels=kernels)
         df = compute(c, spec, gspec, int(t), batch_steps(recs), recs)
         front = pd.DataFrame({"step": np.asarray(idx) + 1, "phase": [r.phase for r in recs],
                               "model": spec.name, "gpu": gspec.name, "tp": int(t),
-                              **({} if parallel == Parallel() else
-                                 {"dp": parallel.dp, "ep": parallel.ep, "moe_comm": parallel.moe_comm}),
+                              **({"dp": layout.dp, "ep": layout.ep, "moe_comm": layout.moe_comm}
+                                 if laid_out else {}),
                               "stack": c.stack or coeff_io.NO_STACK, "kernels": c.kernels})
         frames.append(pd.concat([front, df.reset_index(drop=True)], axis=1))
     return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable") \

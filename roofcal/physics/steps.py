@@ -6,13 +6,16 @@ One JSON object per line::
      "decode": [context, ...],                       # one token each; context = KV length before it
      "duration_us": 12345.6,                         # optional measured step time (µs)
      "cycle_us": 13456.7,                            # optional: start of this step to the next's (µs)
-     "model": "llama-2-70b-hf", "gpu": "h100_sxm", "tp": 4}   # optional per-row deployment
+     "model": "llama-2-70b-hf", "gpu": "h100_sxm", "tp": 4,   # optional per-row deployment
+     "dp": 4, "ep": true, "moe_comm": "deepep_low_latency"}   # optional: its layout beyond TP
 
 ``duration_us`` is the whole step as a profiler timed it (splitwise) or, from vLLM's step
 tracing, the GPU forward time (``step.duration_us``); ``cycle_us`` is the time from this step's
 start to the next one's, CPU work included — what a simulator's clock advances by. Which of them
 ``roofcal fit`` compares with which prediction is ``--step-target``
-(:data:`roofcal.calibration.fit.STEP_TARGETS`).
+(:data:`roofcal.calibration.fit.STEP_TARGETS`). ``dp``, ``ep`` and ``moe_comm`` lay a row's
+deployment out beyond TP as ``--dp``, ``--enable-expert-parallel`` and ``--moe-comm-backend`` do
+(:class:`roofcal.physics.config.Parallel`); the row is then the whole deployment's batch.
 
 A :class:`StepBatch` holds many steps as zero-padded arrays of shape ``(steps, max_chunks)`` so the
 components can be jitted and vectorised; padding entries have zero tokens and zero mask.
@@ -30,6 +33,11 @@ import jax
 import numpy as np
 
 from roofcal.errors import RoofcalError
+from roofcal.physics.config import Parallel
+
+
+#: a step's optional layout fields beyond TP (:func:`layout_of`)
+LAYOUT_FIELDS = ("dp", "ep", "moe_comm")
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,9 @@ class Step:
     gpu: str | None = None
     tp: int | None = None
     cycle_us: float | None = None     # measured start of this step to start of the next, µs
+    dp: int | None = None             # data-parallel ranks (None: the command line's)
+    ep: bool | None = None            # expert parallelism
+    moe_comm: str | None = None       # MoE comm backend
 
     @property
     def phase(self) -> str:
@@ -54,7 +65,7 @@ class Step:
 
     def to_json(self) -> dict:
         d: dict = {"prefill": [list(c) for c in self.prefill], "decode": list(self.decode)}
-        for key in ("duration_us", "cycle_us", "model", "gpu", "tp"):
+        for key in ("duration_us", "cycle_us", "model", "gpu", "tp", *LAYOUT_FIELDS):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d
@@ -71,7 +82,7 @@ def step_from_dict(obj, where: str = "<step>") -> Step:
     """Validate one step mapping (the JSONL schema above); ``where`` names it in errors."""
     if not isinstance(obj, dict):
         raise RoofcalError(f"{where}: a step must be a JSON object")
-    known = {"prefill", "decode", "duration_us", "cycle_us", "model", "gpu", "tp"}
+    known = {"prefill", "decode", "duration_us", "cycle_us", "model", "gpu", "tp", *LAYOUT_FIELDS}
     for key in obj:
         if key not in known:
             raise RoofcalError(f"{where}: unknown field '{key}' (known: {', '.join(sorted(known))})")
@@ -92,10 +103,17 @@ def step_from_dict(obj, where: str = "<step>") -> Step:
     tp = obj.get("tp")
     if tp is not None:
         tp = _count(tp, where, "tp", 1)
-    for key in ("model", "gpu"):
+    dp = obj.get("dp")
+    if dp is not None:
+        dp = _count(dp, where, "dp", 1)
+    ep = obj.get("ep")
+    if ep is not None and not isinstance(ep, bool):
+        raise RoofcalError(f"{where}: field 'ep' must be true or false, got {ep!r}")
+    for key in ("model", "gpu", "moe_comm"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise RoofcalError(f"{where}: field '{key}' must be a string")
-    return Step(tuple(chunks), ctx, dur, obj.get("model"), obj.get("gpu"), tp, cyc)
+    return Step(tuple(chunks), ctx, dur, obj.get("model"), obj.get("gpu"), tp, cyc, dp, ep,
+                obj.get("moe_comm"))
 
 
 def _time(v, where: str, field_name: str) -> float | None:
@@ -229,9 +247,17 @@ def step_totals(b: StepBatch, xp=np) -> StepTotals:
     return StepTotals(n_pf, n_dc, pf_tok, pf_cached, pairs, dc_kv, pf_tok + n_dc)
 
 
+def layout_of(step: Step, parallel: Parallel = Parallel()) -> Parallel:
+    """A step's layout beyond TP: its own ``dp``, ``ep`` and ``moe_comm`` over ``parallel``'s."""
+    return Parallel(parallel.dp if step.dp is None else step.dp,
+                    parallel.ep if step.ep is None else step.ep,
+                    step.moe_comm or parallel.moe_comm)
+
+
 def group_by_deployment(steps: Sequence[Step], model=None, gpu=None, tp=None,
-                        src: str = "steps") -> dict[tuple, list[int]]:
-    """Indices of ``steps`` per (model, gpu, tp); a step's own fields override the defaults.
+                        src: str = "steps", parallel: Parallel = Parallel()) -> dict[tuple, list[int]]:
+    """Indices of ``steps`` per (model, gpu, tp, layout); a step's own fields override the
+    defaults (the layout: :func:`layout_of`).
 
     A step left without a model, GPU or TP is refused, naming it.
     """
@@ -242,15 +268,18 @@ def group_by_deployment(steps: Sequence[Step], model=None, gpu=None, tp=None,
             if value is None:
                 raise RoofcalError(f"{src}: step {i + 1} has no {name} (give --{name} or a "
                                    f"'{name}' field)")
-        groups.setdefault(dep, []).append(i)
+        groups.setdefault((*dep, layout_of(s, parallel)), []).append(i)
     return groups
 
 
 def given_by(steps: Sequence[Step], idx: Sequence[int], name: str, src: str = "steps") -> str:
-    """Where the ``name`` (model, gpu or tp) of the steps ``idx`` of one deployment came from, for
-    an error to blame: the first of them that names it itself (``steps.jsonl: step 3 'tp'``),
-    else the command-line option they all took it from (``--tp``)."""
+    """Where the ``name`` (model, gpu, tp, or ``layout``: dp, ep, moe_comm) of the steps ``idx`` of
+    one deployment came from, for an error to blame: the first of them that names it itself
+    (``steps.jsonl: step 3 'tp'``), else the command-line option they all took it from (``--tp``;
+    the layout: ``--dp``)."""
+    names = LAYOUT_FIELDS if name == "layout" else (name,)
     for i in idx:
-        if getattr(steps[i], name, None) is not None:
-            return f"{src}: step {i + 1} '{name}'"
-    return f"--{name}"
+        own = [f"'{n}'" for n in names if getattr(steps[i], n, None) is not None]
+        if own:
+            return f"{src}: step {i + 1} {', '.join(own)}"
+    return "--dp" if name == "layout" else f"--{name}"

@@ -152,3 +152,39 @@ def test_whatif_of_a_dp_deployment_starts_from_its_prediction():
     # a faster link shortens only the dispatch and combine
     faster = whatif(steps, changes={"interconnect_bandwidth_gbs": 900.0}, rule=None, **kw)
     assert 0 < before - faster["after_us"].iloc[0] < 0.2 * before
+
+
+def test_a_step_row_names_its_own_layout():
+    from roofcal.physics.steps import group_by_deployment, layout_of, step_from_dict
+    row = {"decode": [64], "model": "mixtral-8x7b-v0.1", "tp": 1, "dp": 4, "ep": True,
+           "moe_comm": "deepep_low_latency"}
+    s = step_from_dict(row)
+    assert layout_of(s) == Parallel(4, True, "deepep_low_latency")
+    assert step_from_dict(s.to_json()) == s                           # the row round-trips
+    plain = step_from_dict({"decode": [64]})
+    assert layout_of(plain, Parallel(2, True)) == Parallel(2, True)   # the command line's
+    assert layout_of(step_from_dict({"decode": [64], "ep": False}), Parallel(2, True)) == Parallel(2, False)
+    groups = group_by_deployment([s, plain], "mixtral-8x7b-v0.1", "h100_sxm", 1)
+    assert sorted(groups.values()) == [[0], [1]]
+    for bad, says in (({"dp": 0}, "field 'dp' must be an integer ≥ 1"),
+                      ({"ep": 1}, "field 'ep' must be true or false"),
+                      ({"moe_comm": 3}, "field 'moe_comm' must be a string")):
+        with pytest.raises(RoofcalError, match=says):
+            step_from_dict({"decode": [64], **bad}, "steps.jsonl: line 1")
+
+
+@pytest.mark.slow
+def test_rows_with_their_own_layout_predict_as_the_options_do(tmp_path):
+    rows = [{"decode": [1000] * 64, "tp": 2},
+            {"decode": [1000] * 64, "tp": 1, "dp": 4, "ep": True, "moe_comm": "deepep_low_latency"}]
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    kw = dict(model="mixtral-8x7b-v0.1", gpu="h100_sxm", coeffs="coeffs/h100_sxm.yaml")
+    both = predict(str(path), **kw)
+    assert list(both["dp"]) == [1, 4] and list(both["ep"]) == [False, True]
+    assert list(both["moe_comm"]) == ["allgather_reducescatter", "deepep_low_latency"]
+    step = [Step(decode=tuple([1000] * 64))]
+    tp2 = predict(step, tp=2, **kw)
+    dp4 = predict(step, tp=1, parallel=Parallel(4, True, "deepep_low_latency"), **kw)
+    np.testing.assert_allclose(both["predicted_us"], [tp2["predicted_us"][0], dp4["predicted_us"][0]],
+                               rtol=1e-6)
