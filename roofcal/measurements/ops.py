@@ -190,6 +190,9 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
         for dt in sorted(set(raw_dtype[unmapped].astype(str))):
             left[f"{out['op']} of dtype {dt} (not priced)"] = unmapped & (raw_dtype.astype(str) == dt).to_numpy()
         out["dtype"] = out["dtype"].array
+    if "kernel_source" in cols and isinstance(out["op"], str):
+        taken = np.logical_or.reduce(list(left.values())) if left else np.zeros(len(df), bool)
+        left |= alternatives(out, column("kernel_source"), taken)
     keep = ~np.logical_or.reduce(list(left.values())) if left else np.ones(len(df), bool)
     out |= {"gpu": dev, "latency_us": column("latency") * 1000.0, "source": source}
     conv = pd.DataFrame({c: x if isinstance(x, str) else x[keep] for c, x in out.items()},
@@ -204,6 +207,31 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
             counts[label] = n
     conv.attrs["left_out"] = counts
     return conv
+
+
+def alternatives(out: dict, kernel: np.ndarray, taken: np.ndarray) -> dict:
+    """Rows of a second kernel at shapes another kernel of the same dtype also timed: {reason: row
+    mask}. A variant's rows may come from several kernels where vLLM picks them by shape (the
+    H100's vLLM 0.24 FP8-block MoE: FlashInfer's CUTLASS experts at EP > 1, Triton at EP 1), but
+    two kernels timed at one shape are alternatives, not what a server runs there; each such
+    shape keeps the kernel with the most rows of its dtype in the table, and the others' rows are
+    left out, named. ``out``: the converted columns (:func:`from_aiconfigurator`), ``kernel``:
+    each row's ``kernel_source``, ``taken``: rows already left out."""
+    shape = [c for c in SHAPE_COLUMNS.get(out["op"], ()) if c in out] + (["skew"] if "skew" in out else [])
+    df = pd.DataFrame({"dtype": np.asarray(out["dtype"], object), "kernel": kernel,
+                       **{c: np.asarray(out[c]) for c in shape}})[~taken]
+    if df.empty or df.groupby("dtype")["kernel"].nunique().max() < 2:
+        return {}
+    n_kernels = df.groupby(["dtype", *shape])["kernel"].transform("nunique")
+    rows = df.groupby(["dtype", "kernel"]).size()
+    main = rows.groupby(level=0).idxmax().map(lambda t: t[1])     # each dtype's most-timed kernel
+    second = (n_kernels > 1).to_numpy() & (df["kernel"].to_numpy() != df["dtype"].map(main).to_numpy())
+    left = {}
+    for k in sorted(set(df["kernel"][second])):
+        mask = np.zeros(len(taken), bool)
+        mask[df.index[second & (df["kernel"] == k).to_numpy()]] = True
+        left[f"kernel {k} at shapes another kernel also timed (the dtype's most-timed kernel kept)"] = mask
+    return left
 
 
 def validate_table(df: pd.DataFrame, source: str) -> pd.DataFrame:

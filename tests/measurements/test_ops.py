@@ -101,3 +101,22 @@ def test_nccl_tables_give_every_collective_and_count_the_int8_rows():
     assert m.left_out == {"NCCL collectives of int8 (the bf16 rows are read)": 252}
     ag = m.ops[(m.ops.op == "allgather") & (m.ops.num_gpus == 2)].sort_values("bytes")
     assert ag["bytes"].iloc[0] == 2 * 256          # message_size in bf16 elements → bytes
+
+
+def test_two_kernels_at_one_shape_keep_the_dtypes_main_kernel(tmp_path):
+    # the H100's vLLM 0.24 FP8-block MoE is two kernels split by shape (FlashInfer's CUTLASS
+    # experts at EP > 1, Triton at EP 1): both kept, nothing reported
+    moe = pd.read_parquet(H100_024 / "moe_perf.parquet")
+    block = moe[moe.moe_dtype == "fp8_block"]
+    assert block.groupby(block.moe_ep_size > 1).kernel_source.nunique().tolist() == [1, 1]
+    assert not any("another kernel" in k for k in read_ops(H100_024 / "moe_perf.parquet").attrs["left_out"])
+    # a table timing a second kernel at 40 of the main kernel's shapes: those 40 rows left out
+    bf16 = moe[moe.moe_dtype == "bfloat16"].head(200)
+    alt = bf16.head(40).assign(kernel_source="some_other_kernel", latency=bf16.head(40).latency * 3)
+    path = tmp_path / "vllm-0.24.0" / "moe_perf.parquet"
+    path.parent.mkdir()
+    pd.concat([bf16, alt]).to_parquet(path)
+    df = read_ops(path)
+    assert len(df) == 200 and df.attrs["left_out"] == {
+        "kernel some_other_kernel at shapes another kernel also timed (the dtype's most-timed kernel kept)": 40}
+    assert (df.latency_us.to_numpy() == bf16.latency.to_numpy() * 1000).all()
