@@ -1,5 +1,6 @@
 """``export blis`` for a data- and expert-parallel deployment: β_EP distilled from the native
-DP × EP step, BLIS's ``--dp`` flags printed, and every printed command run in the real BLIS."""
+DP × EP step, BLIS's ``--dp`` flags printed, and every printed command run in the real BLIS; the touched-experts basis of
+``roofcal.bench.blis_form``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from roofcal.blis.defaults_yaml import read_defaults_coefficients
@@ -81,3 +83,37 @@ def test_a_deployments_layout_is_recorded_and_read_back():
     assert deployments_from_records(records, "f") == deps
     with pytest.raises(RoofcalError, match=r"f\[0\]: expected dp an integer"):
         deployments_from_records([{"model": "a", "tp": 1, "dp": 0}], "f")
+
+
+def test_the_touched_experts_share_by_hand():
+    from roofcal.bench.blis_form import touched_share
+    # Mixtral: 8 experts, top-2: one token touches 2 of 8; two tokens 1 - 0.75^2
+    np.testing.assert_allclose(touched_share([0, 1, 2, 32], 8, 2), [0.0, 0.25, 0.4375, 1 - 0.75 ** 32])
+
+
+
+def test_a_basis_with_touched_experts_only_changes_the_routed_weights():
+    import roofcal.blis.fit as F
+    from roofcal.bench.blis_form import touched_experts_basis, touched_share
+    from roofcal.blis.basis import BlisBatch, BlisHardware, layer_split
+    from roofcal.blis.config import load_blis_model
+    from roofcal.resources import MODEL_CONFIGS
+    model = load_blis_model(MODEL_CONFIGS / "mixtral-8x7b-v0.1" / "config.json", "")
+    hw = BlisHardware.from_dict({"TFlopsPeak": 989.0, "BwPeakTBs": 3.35, "mfuPrefill": 0.55, "mfuDecode": 0.3})
+    decodes = lambda n: [{"input_len": 512, "progress_index": 600, "num_new_tokens": 1,
+                          "num_output_tokens": 200}] * n
+    batch = BlisBatch.from_steps([decodes(1), decodes(64)])
+    before = (F.blis_constants, F.basis_for_constants)
+    c = F.blis_constants(model, hw, 2)
+    plain = {k: np.asarray(v) for k, v in F.basis_for_constants(c, batch).items()}
+    with touched_experts_basis():
+        c2 = F.blis_constants(model, hw, 2)
+        touched = {k: np.asarray(v) for k, v in F.basis_for_constants(c2, batch).items()}
+    assert (F.blis_constants, F.basis_for_constants) == before          # restored
+    for k in plain:
+        if k != "t_weight_us":
+            np.testing.assert_array_equal(plain[k], touched[k])
+    # Mixtral TP 2: 32 MoE layers x 4 resident experts x 3 x 4,096 x 14,336 x 2 B per GPU
+    routed = layer_split(model)[0] * 4 * 3 * 4096 * 14336 * 2 / 3.35e6
+    saved = routed * (1 - touched_share([1, 64], 8, 2))
+    np.testing.assert_allclose(plain["t_weight_us"] - touched["t_weight_us"], saved, rtol=1e-6)
