@@ -55,10 +55,11 @@ def per_deployment(steps, model, gpu, tp, coeffs, compute, stack: str | None = N
     """Run ``compute`` on each deployment's steps; one row per input step, in input order.
 
     Steps (a JSONL path or :class:`Step` list) are grouped by (model, GPU, TP, layout), a step's
-    own fields overriding ``model``/``gpu``/``tp``/``parallel``; each group's model, datasheet, TP and coefficients are
-    loaded and checked, then ``compute(coeffs, model_spec, gpu_spec, tp, batch, records)`` returns
-    a DataFrame with one row per record. Columns ``step``, ``phase``, ``model``, ``gpu``, ``tp`` come
-    first.
+    own fields overriding ``model``/``gpu``/``tp``/``parallel``; each group's model (served as its
+    layout), datasheet, TP and coefficients are loaded and checked, then ``compute(coeffs,
+    model_spec, gpu_spec, tp, batch, records)`` returns a DataFrame with one row per record.
+    Columns ``step``, ``phase``, ``model``, ``gpu``, ``tp`` come first (then ``dp``, ``ep``,
+    ``moe_comm`` where any group has a layout beyond TP).
     """
     src = str(steps) if isinstance(steps, (str, Path)) else "steps"
     records = read_steps(steps) if isinstance(steps, (str, Path)) else list(steps)
