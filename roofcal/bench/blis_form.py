@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from roofcal import resources
+from roofcal.bench import emit
 from roofcal.physics.config import Parallel
 
 #: the MoE deployments the README and accuracy.md quote (H100, the shipped file)
@@ -115,11 +116,7 @@ def run(out: str | None = None) -> str:
     md = ("### BLIS's form on MoE deployments: export vs native step, held-out MAPE % (light / "
           "saturated steps), H100, the shipped file\n\n"
           + table(rows, ["deployment", "BLIS's basis", "routed experts as touched"]) + "\n")
-    print(md)
-    if out:
-        from roofcal.io import write_text_atomic
-        write_text_atomic(out, md)
-    return md
+    return emit(md, out)
 
 
 def main(argv=None) -> None:

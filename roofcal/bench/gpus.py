@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from roofcal import resources
+from roofcal.bench import emit
 from roofcal.measurements import datasets
 from roofcal.metrics import mape
 from roofcal.model import correction as K
@@ -167,12 +168,7 @@ def run(out: str | None = None, few: bool = False, seed: int = 0, expectations: 
         text += [f"### Leave one GPU out, few shot: held-out per-op MAPE % (20 % of the left-out "
                  f"GPU's rows held out, seed {seed}; refitted on 30 / 100 / 300 rows per kernel "
                  f"with the bootstrap as prior, as roofcal fit --prior)", "", markdown(fs), ""]
-    md = "\n".join(text)
-    print(md)
-    if out:
-        from roofcal.io import write_text_atomic
-        write_text_atomic(out, md)
-    return md
+    return emit("\n".join(text), out)
 
 
 def main(argv=None) -> None:
