@@ -2,7 +2,8 @@
 
 A ``--data`` path may be: a folder of per-op tables, an aiconfigurator ``.parquet`` table, a
 per-op interchange ``.csv``, a splitwise ``.csv`` (recognised by its columns) or a step
-``.jsonl`` with ``duration_us``.
+``.jsonl`` with ``duration_us``. A folder's parquet table of a kind roofcal does not read (an MLA
+table, say) is left out and counted by name; named on its own, it is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pandas as pd
 from roofcal import resources
 from roofcal.errors import RoofcalError
 from roofcal.io import sha256_file
-from roofcal.measurements.ops import left_out, read_ops
+from roofcal.measurements.ops import UnknownTable, left_out, read_ops, unknown_label
 from roofcal.measurements.stepdata import SPLITWISE_COLUMNS, read_splitwise, read_step_jsonl
 
 #: what ``roofcal fit --gpu G`` fits when no ``--data`` is given (relative to the source tree)
@@ -79,8 +80,9 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
     (the name nvidia-smi reports, as a collector writes it) are this GPU's.
     """
     m = Measurements()
-    frames = []
+    frames, unknown = [], {}
     for p in paths:
+        in_folder = Path(p).is_dir()
         for f in _files(Path(p)):
             name = resources.display(f)
             if f.suffix == ".jsonl":
@@ -92,13 +94,19 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
                 m.steps.extend(data)
                 kind, rows = "steps (splitwise)", sum(len(d) for d in data)
             else:
-                df = read_ops(f)
+                try:
+                    df = read_ops(f)
+                except UnknownTable as e:
+                    if not in_folder:                # a table named on its own is refused
+                        raise
+                    unknown[unknown_label(f)] = e.rows
+                    continue
                 frames.append(df)
                 kind, rows = "per-op", len(df)
             m.provenance.append({"path": name, "sha256": sha256_file(f), "kind": kind, "rows": rows})
     if frames:
         m.ops = pd.concat(frames, ignore_index=True)
-        m.left_out = left_out(frames)
+    m.left_out = {**left_out(frames), **unknown}
     if gpu is not None:
         name, names = (gpu if isinstance(gpu, str) else gpu.name), _names(gpu)
         if m.ops is not None:
@@ -115,7 +123,8 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
             if d.gpu != name:
                 raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{name}'")
     if m.ops is None and not m.steps:
-        raise RoofcalError("no measurements found in " + ", ".join(str(p) for p in paths))
+        raise RoofcalError("no measurements found in " + ", ".join(str(p) for p in paths)
+                           + (f" ({', '.join(sorted(unknown))})" if unknown else ""))
     return m
 
 

@@ -73,6 +73,15 @@ NOT_IN_GRAPH = {("vllm-0.24.0", "gemm", "fp8_block")}
 LEFT_OUT_SOURCES = {"vllm_flash_attn_fa4"}
 
 
+class UnknownTable(RoofcalError):
+    """A parquet table of none of the kinds roofcal reads (an MLA or Mamba table, say): refused
+    when named, left out with its name and row count when a folder holds it (``rows``)."""
+
+    def __init__(self, message: str, rows: int):
+        super().__init__(message)
+        self.rows = rows
+
+
 #: a kernel set's name, ``<framework>-<version>`` lower-cased (``vllm-0.14.0``)
 KERNEL_SET_NAME = re.compile(r"([a-z][a-z0-9_]*)-(\d+(?:\.\d+)*)")
 
@@ -183,8 +192,8 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
                "experts": column("num_experts"), "tp": column("moe_tp_size"), "ep": column("moe_ep_size"),
                "skew": df["distribution"].map(skew).to_numpy()}
     else:
-        raise RoofcalError(f"{source}: not a recognised aiconfigurator table (columns: "
-                           f"{', '.join(sorted(cols))})")
+        raise UnknownTable(f"{source}: not a recognised aiconfigurator table (columns: "
+                           f"{', '.join(sorted(cols))})", len(df))
     if isinstance(out["dtype"], pd.Series):
         unmapped = out["dtype"].isna().to_numpy()
         for dt in sorted(set(raw_dtype[unmapped].astype(str))):
@@ -304,9 +313,17 @@ def read_ops(path: str | Path, gpu: str | None = None) -> pd.DataFrame:
         files = sorted(path.rglob("*.parquet")) + sorted(path.rglob("*.csv"))
         if not files:
             raise RoofcalError(f"{path}: folder holds no .parquet or .csv measurements")
-        frames = [read_ops(f, gpu) for f in files]
+        frames, unknown = [], {}
+        for f in files:
+            try:
+                frames.append(read_ops(f, gpu))
+            except UnknownTable as e:
+                unknown[unknown_label(f)] = e.rows
+        if not frames:
+            raise RoofcalError(f"{path}: folder holds no per-op table roofcal reads "
+                               f"({', '.join(sorted(unknown))})")
         df = pd.concat(frames, ignore_index=True)
-        df.attrs["left_out"] = left_out(frames)
+        df.attrs["left_out"] = {**left_out(frames), **unknown}
         return df
     if path.suffix == ".parquet":
         from roofcal.resources import display
@@ -335,6 +352,12 @@ def read_ops(path: str | Path, gpu: str | None = None) -> pd.DataFrame:
         df = df[~drop].reset_index(drop=True)
     df.attrs["left_out"] = left
     return df
+
+
+def unknown_label(path: Path) -> str:
+    """The left-out reason of a folder's table of a kind roofcal does not read (:class:`UnknownTable`)."""
+    from roofcal.resources import display
+    return f"table {display(path)} (not a per-op table roofcal reads)"
 
 
 def left_out(frames) -> dict:

@@ -120,3 +120,22 @@ def test_two_kernels_at_one_shape_keep_the_dtypes_main_kernel(tmp_path):
     assert len(df) == 200 and df.attrs["left_out"] == {
         "kernel some_other_kernel at shapes another kernel also timed (the dtype's most-timed kernel kept)": 40}
     assert (df.latency_us.to_numpy() == bf16.latency.to_numpy() * 1000).all()
+
+
+def test_a_folders_table_of_another_kind_is_left_out_by_name(tmp_path):
+    folder = tmp_path / "vllm-0.24.0"
+    folder.mkdir()
+    shutil.copy(H100_024 / "custom_allreduce_perf.parquet", folder)
+    mla = pd.DataFrame({"framework": ["VLLM"] * 3, "version": ["0.24.0"] * 3, "op_name": ["mla_context"] * 3,
+                        "kv_lora_rank": [512] * 3, "isl": [128, 256, 512], "latency": [0.1, 0.2, 0.4]})
+    mla.to_parquet(folder / "mla_context_attention_perf.parquet")
+    m = datasets.load([folder], gpu=load_gpu("h100_sxm"))
+    assert len(m.ops) == 138
+    (label, rows), = [(k, n) for k, n in m.left_out.items() if "mla_context" in k]
+    assert rows == 3 and "not a per-op table roofcal reads" in label
+    assert any("mla_context" in k for k in read_ops(folder).attrs["left_out"])
+    with pytest.raises(RoofcalError, match="not a recognised aiconfigurator table"):
+        datasets.load([folder / "mla_context_attention_perf.parquet"])      # named on its own
+    (folder / "custom_allreduce_perf.parquet").unlink()
+    with pytest.raises(RoofcalError, match="no measurements found .*mla_context"):
+        datasets.load([folder])
