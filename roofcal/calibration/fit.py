@@ -41,7 +41,8 @@ from roofcal.model import correction as K
 from roofcal.model import curves
 from roofcal.model import intervals as IV
 from roofcal.model.coeffs import (UNVERSIONED, Coefficients, KernelSet, Stack, add_stack,
-                                  newest_kernel_set, op_as_read, roundtrip, with_kernels, with_stack)
+                                  nearest_kernel_set, newest_kernel_set, op_as_read, roundtrip,
+                                  with_kernels, with_stack)
 from roofcal.measurements.ops import kernel_set_order
 from roofcal.physics.hardware import GPUSpec
 from roofcal.calibration.loss import prior_penalty
@@ -944,7 +945,8 @@ def fit(gpu: GPUSpec, table: pd.DataFrame | None, steps: list, settings: FitSett
     def prior_ops(name):
         if prior is None:
             return {}
-        ks = prior.kernel_sets.get(name) or prior.kernel_set
+        near = nearest_kernel_set(prior.kernel_sets, name, prior.kernels) if name else prior.kernels
+        ks = prior.kernel_sets.get(near) or prior.kernel_set
         return dict(ks.ops)
 
     def unit_data(unit):           # a unit's fitted rows, ready for the loss

@@ -208,11 +208,12 @@ def _kernel_residuals_by_set(ops, c, spec, kernels, notes) -> pd.DataFrame:
     for name in names:                     # the shared rows (NCCL: set "") go with the first set
         sel = np.flatnonzero((sets == name) | ((sets == "") & (name == names[0])))
         use = c
-        if kernels is None and name in c.kernel_sets:
-            use = coeff_io.with_kernels(c, name)
-        elif name and kernels is None:
-            notes.append(f"per-op rows of kernel set '{name}' predicted with the file's '{c.kernels}' "
-                         f"(it has {', '.join(c.kernel_sets)})")
+        if kernels is None and name:
+            near = coeff_io.nearest_kernel_set(c.kernel_sets, name, c.kernels)
+            use = coeff_io.with_kernels(c, near)
+            if near != name:
+                notes.append(f"per-op rows of kernel set '{name}' predicted with the file's '{near}', "
+                             f"the nearest older set of its framework (it has {', '.join(c.kernel_sets)})")
         part = kernel_residuals(ops.iloc[sel], use.params, spec)    # in the order of sel
         if len(names) > 1:
             part["key"] = name + " " + part["key"]

@@ -627,6 +627,19 @@ def newest_kernel_set(sets) -> str:
     return max(sets, key=kernel_set_order)
 
 
+def nearest_kernel_set(sets, name: str, default: str) -> str:
+    """The kernel set of ``sets`` that stands in for rows of set ``name``: ``name`` itself; else
+    the newest of its framework not newer than it (vLLM 0.25 rows → ``vllm-0.24.0``); else the
+    oldest of its framework; else ``default``."""
+    from roofcal.measurements.ops import kernel_set_order
+    if name in sets:
+        return name
+    key = kernel_set_order(name)
+    same = sorted((s for s in sets if kernel_set_order(s)[0] == key[0]), key=kernel_set_order)
+    older = [s for s in same if kernel_set_order(s) <= key]
+    return older[-1] if older else same[0] if same else default
+
+
 def with_kernels(c: "Coefficients", name: str) -> "Coefficients":
     """``c`` predicting with kernel set ``name`` (one of ``c.kernel_sets``)."""
     if name not in c.kernel_sets:

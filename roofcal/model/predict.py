@@ -370,7 +370,9 @@ def predict_table(df: pd.DataFrame, params: dict, gpu: GPUSpec, flags: bool = Fa
 
 def predict_ops(path, coeffs=None, kernels: str | None = None) -> pd.DataFrame:
     """``roofcal predict --ops``: predict every row of a per-op CSV/table with a coefficient file
-    and its kernel set ``kernels`` (default the file's default set).
+    and its kernel set ``kernels`` (default: each row's own set, a set the file lacks by the nearest
+    older one of its framework, :func:`roofcal.model.coeffs.nearest_kernel_set`; rows of no set
+    by the file's default).
 
     Without ``coeffs`` the neutral roofline defaults of each row's GPU are used. After the
     predicted columns come the 80 % interval ``p10_us``, ``p90_us`` (:mod:`roofcal.model.intervals`)
@@ -379,9 +381,11 @@ def predict_ops(path, coeffs=None, kernels: str | None = None) -> pd.DataFrame:
     """
     df = read_ops(path)
     frames = []
-    for g, part in df.groupby("gpu", sort=True):
+    for (g, rows_set), part in df.groupby(["gpu", "kernels"], sort=True):
         spec = load_gpu(g)
         c = resolve_coeffs(coeffs, spec, kernels=kernels)
+        if kernels is None and rows_set and coeffs is not None:
+            c = coeff_io.with_kernels(c, coeff_io.nearest_kernel_set(c.kernel_sets, rows_set, c.kernels))
         frames.append(predict_table(part, c.params, spec, flags=True, bands=c.op_bands)
                       .assign(zero_shot=domain.zero_shot(c, steps=False)))
     out = pd.concat(frames).sort_index()

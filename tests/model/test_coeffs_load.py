@@ -75,3 +75,13 @@ def test_stacks_read_alone_are_the_files_stacks(tmp_path):
     with pytest.raises(RoofcalError) as alone:
         C.read_stacks(bad)
     assert str(alone.value) == str(whole.value)
+
+
+def test_rows_of_a_kernel_set_the_file_lacks_take_the_nearest_older_one():
+    from roofcal.model.coeffs import nearest_kernel_set
+    sets = ["vllm-0.14.0", "vllm-0.24.0"]
+    assert nearest_kernel_set(sets, "vllm-0.24.0", "vllm-0.14.0") == "vllm-0.24.0"
+    assert nearest_kernel_set(sets, "vllm-0.25.1", "vllm-0.14.0") == "vllm-0.24.0"   # newer rows
+    assert nearest_kernel_set(sets, "vllm-0.20.0", "vllm-0.14.0") == "vllm-0.14.0"   # between
+    assert nearest_kernel_set(sets, "vllm-0.10.0", "vllm-0.24.0") == "vllm-0.14.0"   # older: the oldest
+    assert nearest_kernel_set(sets, "sglang-0.5.0", "vllm-0.14.0") == "vllm-0.14.0"  # another framework

@@ -291,3 +291,13 @@ def test_surfaces_already_computed_are_taken_and_a_group_missing_one_is_computed
     known[4] = np.nan                                       # the all-reduce group: computed again
     pd.testing.assert_frame_equal(predict_table(df, params, gpu, surface=True, surfaces=known), fresh)
     assert runs == [1]
+
+
+def test_predict_ops_takes_each_rows_own_kernel_set():
+    from roofcal.model.predict import predict_ops
+    table = "data/microbench/h100_sxm/vllm-0.24.0/custom_allreduce_perf.parquet"
+    own = predict_ops(table, coeffs="coeffs/h100_sxm.yaml")
+    v024 = predict_ops(table, coeffs="coeffs/h100_sxm.yaml", kernels="vllm-0.24.0")
+    v014 = predict_ops(table, coeffs="coeffs/h100_sxm.yaml", kernels="vllm-0.14.0")
+    assert (own["predicted_us"].to_numpy() == v024["predicted_us"].to_numpy()).all()
+    assert not (own["predicted_us"].to_numpy() == v014["predicted_us"].to_numpy()).all()
