@@ -40,8 +40,9 @@ d5bad971c; checked against the data):
   (``kernel_source``): every FA4 row has head dim 512 (with 1–2 KV heads), where the tables hold
   no FA3 row, and no model roofcal maps runs attention at that head dim (MLA is mapped at its qk
   head dim with one KV head). A different kernel at a shape of its own, 14 % (decode) and 9 %
-  (prefill) off the surface the FA3 rows share and pulling it: left out
-  (:data:`LEFT_OUT_SOURCES`).
+  (prefill) off the surface the FA3 rows share and pulling it: attention rows at that head dim
+  are left out (:data:`UNMAPPED_HEAD_DIM`), whichever kernel timed them, so a GPU whose vLLM runs
+  FA4 at every head dim (Blackwell) keeps its rows at the head dims models use.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ NCCL_OPS = {"all_reduce": "allreduce", "all_gather": "allgather",
 _DTYPE = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "int4_wo": "int4"}
 #: (kernel set, op, dtype) of tables timed outside CUDA graphs, left out (module docstring)
 NOT_IN_GRAPH = {("vllm-0.24.0", "gemm", "fp8_block")}
-#: kernel_source values whose rows are left out (module docstring)
-LEFT_OUT_SOURCES = {"vllm_flash_attn_fa4"}
+#: attention rows at this head dim are left out: no model roofcal maps runs it (module docstring)
+UNMAPPED_HEAD_DIM = 512
 
 
 class UnknownTable(RoofcalError):
@@ -148,9 +149,10 @@ def from_aiconfigurator(df: pd.DataFrame, source: str, gpu: str | None = None) -
 
     def column(c):
         return df[c].to_numpy()
-    if "kernel_source" in cols:
-        for src in sorted(set(df["kernel_source"].unique()) & LEFT_OUT_SOURCES):
-            left[f"kernel {src} (a kernel roofcal does not price)"] = column("kernel_source") == src
+    if "head_dim" in cols and "kv_cache_dtype" in cols:
+        at = column("head_dim") == UNMAPPED_HEAD_DIM
+        if at.any():
+            left[f"attention at head dim {UNMAPPED_HEAD_DIM} (no mapped model runs it)"] = at
     if "window_size" in cols:                           # attention: sliding windows left out
         left["sliding-window attention"] = column("window_size") != 0
     if {"m", "n", "k", "gemm_dtype"} <= cols:

@@ -61,10 +61,11 @@ def test_rows_not_priced_are_counted_by_name():
     assert not (df["dtype"] == "fp8_block").any()
     m = datasets.load([H100_024 / "moe_perf.parquet", H100_024 / "context_attention_perf.parquet"],
                       gpu="h100_sxm")
-    # 972 + 1,944 MXFP4 MoE rows; 578 FlashAttention-4 prefill rows (module docstring of ops);
+    # 972 + 1,944 MXFP4 MoE rows; 578 prefill rows at head dim 512, all FlashAttention 4 (module
+    # docstring of ops);
     # 23,936 prefill rows of a sliding window (window_size > 0, counted in the parquet)
     assert m.left_out == {"moe of dtype w4a16_mxfp4 (not priced)": 2916,
-                          "kernel vllm_flash_attn_fa4 (a kernel roofcal does not price)": 578,
+                          "attention at head dim 512 (no mapped model runs it)": 578,
                           "sliding-window attention": 23936}
 
 
@@ -139,3 +140,15 @@ def test_a_folders_table_of_another_kind_is_left_out_by_name(tmp_path):
     (folder / "custom_allreduce_perf.parquet").unlink()
     with pytest.raises(RoofcalError, match="no measurements found .*mla_context"):
         datasets.load([folder])
+
+
+def test_fa4_rows_at_the_head_dims_models_use_are_read(tmp_path):
+    # a GPU whose vLLM times FA4 at every head dim keeps them; head dim 512 is left out by any kernel
+    raw = pd.read_parquet(H100_024 / "generation_attention_perf.parquet")
+    raw = raw[raw.window_size == 0].head(300).assign(kernel_source="vllm_flash_attn_fa4")
+    raw.loc[raw.index[:10], "head_dim"] = 512
+    path = tmp_path / "vllm-0.24.0" / "generation_attention_perf.parquet"
+    path.parent.mkdir()
+    raw.to_parquet(path)
+    df = read_ops(path)
+    assert len(df) == 290 and df.attrs["left_out"] == {"attention at head dim 512 (no mapped model runs it)": 10}
