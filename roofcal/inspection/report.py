@@ -259,7 +259,9 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
     stack that scores the measured steps (default: each file's own — the stack fitted on it —
     else the file's default; the notes say which). ``kernels``: the kernel set that predicts
     everything (default: per-op rows their own set when the file has it — the ``kernels`` column
-    of a bundled table — else the file's default; steps their stack's set).
+    of a bundled table — else the nearest older set of their framework, else the file's default;
+    steps their stack's set). Rows the tables hold but roofcal does not price are named in the
+    notes, with their counts.
 
     Writes ``residuals.parquet`` (one row per measurement; ``table_format="csv"``:
     ``residuals.csv``, about ten times larger), ``attribution.csv``, ``summary.md`` and the PNG
@@ -276,6 +278,8 @@ def residuals(coeffs=None, data=None, out_dir=None, *, gpu=None, model=None, tp=
     m = _load_data(data, spec, model, tp)
     steps = _filter_steps(m.steps, model, tp)
     notes = []
+    if m.left_out:                           # rows read but not priced, by reason (as fit prints them)
+        notes.append("left out, not priced: " + "; ".join(f"{n:,} rows: {k}" for k, n in m.left_out.items()))
     if m.steps and not steps:
         notes.append(f"{sum(len(d) for d in m.steps)} steps skipped: none match --model/--tp")
     frames = []

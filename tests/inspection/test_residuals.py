@@ -504,3 +504,13 @@ def test_attribution_line_does_not_contradict_itself():
     assert effect_text(5.2, 17.4, 18.4) == "remove 5% of the squared log error, but raise MAPE 17.4% → 18.4%"
     assert effect_text(95, 28.3, 8.6) == "remove 95% of the squared log error (MAPE 28.3% → 8.6%)"
     assert effect_text(1, 10.04, 10.01) == "remove 1% of the squared log error (MAPE 10.0% → 10.0%)"
+
+
+@pytest.mark.slow
+def test_rows_not_priced_are_named_in_the_report(tmp_path):
+    # the vLLM 0.24 MoE table's MXFP4 rows (972 + 1,944) are read but not priced: the report says so
+    table = resources.MICROBENCH / "h100_sxm" / "vllm-0.24.0" / "moe_perf.parquet"
+    res = residuals(COEFFS, [table], tmp_path / "r", plots=False)
+    (note,) = [n for n in res.notes if n.startswith("left out, not priced")]
+    assert "2,916 rows: moe of dtype w4a16_mxfp4 (not priced)" in note
+    assert note in (tmp_path / "r" / "summary.md").read_text()
