@@ -33,9 +33,8 @@ def power_fit_commands(folder, overlay) -> list[str]:
     from pathlib import Path
 
     from roofcal.cli.gpu import reference_coeffs
-    from roofcal.resources import here
     from roofcal.physics.hardware import load_gpu
-    from roofcal.resources import COEFFS
+    from roofcal.resources import COEFFS, here
     folder = Path(folder)
     mine = shlex.quote(here(folder.parent / f"{folder.name}-coeffs.yaml"))
     gpu = shlex.quote(here(overlay))

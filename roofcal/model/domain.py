@@ -271,11 +271,7 @@ def fits_memory(model, gpu, tp: int, batch: StepBatch) -> np.ndarray:
         c = cap_.capacity(model, gpu, tp)
     except RoofcalError:
         return np.zeros(batch.num_steps, bool)
-    ranks = model.parallel.dp
-    if ranks == 1:
-        return cap_.fits(c, batch)
-    return (cap_.kv_blocks_needed(batch, c.block_size) <= ranks * c.kv_blocks) \
-        & (np.ceil(cap_.sequences(batch) / ranks) <= c.max_num_seqs)
+    return cap_.fits(c, batch, model.parallel.dp)
 
 
 # --------------------------------------------------------------------------------------------

@@ -354,8 +354,11 @@ def sequences(batch) -> np.ndarray:
         np.asarray(batch.decode_mask).sum(1, dtype=np.float64)
 
 
-def fits(cap: Capacity, batch) -> np.ndarray:
+def fits(cap: Capacity, batch, ranks: int = 1) -> np.ndarray:
     """Whether vLLM could run each step of ``batch`` (a :class:`~roofcal.physics.steps.StepBatch`)
     at once: its sequences' whole KV blocks (:func:`kv_blocks_needed`) fit the cache and it runs
-    at most ``cap.max_num_seqs`` sequences (bool array)."""
-    return (kv_blocks_needed(batch, cap.block_size) <= cap.kv_blocks) & (sequences(batch) <= cap.max_num_seqs)
+    at most ``cap.max_num_seqs`` sequences (bool array). A step of ``ranks`` data-parallel ranks,
+    each with ``cap``'s cache and limits, holds all their sequences: its blocks fit their caches
+    together and its busiest rank (⌈n/ranks⌉ sequences) stays within ``cap.max_num_seqs``."""
+    return (kv_blocks_needed(batch, cap.block_size) <= ranks * cap.kv_blocks) \
+        & (np.ceil(sequences(batch) / ranks) <= cap.max_num_seqs)
