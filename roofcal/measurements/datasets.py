@@ -72,12 +72,27 @@ def _names(gpu) -> set[str]:
     return {gpu_key(n) for n in names}
 
 
+def _within_peak(ops: pd.DataFrame, gpu, left: dict) -> pd.DataFrame:
+    """``ops`` without the rows timed faster than ``gpu``'s fastest tensor peak computes their
+    FLOPs (:func:`roofcal.physics.kernels.faster_than_peak`), counted in ``left`` per kind/variant:
+    no efficiency (≤ 1) prices them, and they say the kernel did less work than its shape."""
+    from roofcal.physics.kernels import faster_than_peak
+    fast = faster_than_peak(gpu, ops).to_numpy()
+    if not fast.any():
+        return ops
+    for (op, dt), n in ops[fast].groupby(["op", "dtype"]).size().items():
+        left[f"{op}/{dt} faster than the GPU's fastest tensor peak allows"] = int(n)
+    return ops[~fast].reset_index(drop=True)
+
+
 def load(paths, gpu=None, model=None, tp=None) -> Measurements:
     """Read measurement files; ``model``/``tp`` apply to step JSONL rows that do not name them.
 
     ``gpu``: a datasheet name or a :class:`~roofcal.physics.hardware.GPUSpec`. Per-op rows for
     another GPU are refused (one fit is for one GPU); rows named by one of the datasheet's aliases
-    (the name nvidia-smi reports, as a collector writes it) are this GPU's.
+    (the name nvidia-smi reports, as a collector writes it) are this GPU's. With a
+    :class:`GPUSpec`, rows timed faster than its fastest tensor peak computes their FLOPs are
+    left out and counted (:func:`_within_peak`).
     """
     m = Measurements()
     frames, unknown = [], {}
@@ -119,6 +134,8 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
                                    f"name the table carries as one of the datasheet's aliases)")
             if any(g != name for g in seen):
                 m.ops["gpu"] = name
+            if not isinstance(gpu, str):
+                m.ops = _within_peak(m.ops, gpu, m.left_out)
         for d in m.steps:
             if d.gpu != name:
                 raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{name}'")

@@ -24,7 +24,8 @@ from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
 from roofcal.physics.config import Parallel, check_tp, load_model, served
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.physics.kernels import DTYPE_FREE, OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, row_work
+from roofcal.physics.kernels import (DTYPE_FREE, OP_ROW_SIZES, OPTIONAL_COLUMNS, SHAPE_COLUMNS,  # noqa: F401
+                                     groups, in_blocks, op_rows, row_work)
 from roofcal.physics.decompose import step_ops
 from roofcal.physics.steps import Step, batch_steps, given_by, group_by_deployment, read_steps
 from roofcal.programs import stored
@@ -271,35 +272,6 @@ def warm_share(gpu: GPUSpec, op: str, dtype: str, tm) -> np.ndarray:
     _, bw = op_peak_and_bandwidth(gpu, op, dtype)
     w = np.asarray(tm, np.float64) * bw
     return np.asarray(resident_fraction(w, gpu.l2_cache_mib * MIB), np.float32)
-
-
-#: rows of one call of a row-wise program over a kernel group: a group of up to the first is
-#: computed padded to it, a larger one in blocks of the second (:func:`in_blocks`)
-OP_ROW_SIZES = (256, 4_096)
-
-
-def op_rows(n: int) -> int:
-    """Rows of one call of a row-wise program (ideal times, features, a kernel's time) over a
-    kernel group of ``n`` rows: 256 up to 256 rows, else 4,096, a block of :func:`in_blocks`.
-    Every group of a kind shares the one program of each size (≈ 0.14–0.4 s each to compile)."""
-    return OP_ROW_SIZES[0] if n <= OP_ROW_SIZES[0] else OP_ROW_SIZES[1]
-
-
-def in_blocks(fn, n: int, tree, fill: float = 1.0):
-    """``fn(tree)`` for a pytree of arrays of ``n`` rows (leading axis) and a row-wise ``fn``,
-    computed in blocks of :func:`op_rows` rows (the last padded with ``fill``) and put back
-    together as NumPy arrays of ``n`` rows. A row's value does not depend on the rows around it,
-    only on its block's size, 256 or 4,096 (XLA's code for another row count may round a row's
-    last bit otherwise: 2 of the H100 tables' 262,992 ideal memory times at 2,048 against 4,096).
-    Blocks keep the temporaries small and reused (the MoE routing sums: 4,096 rows × 512
-    experts); whole groups of up to 65,536 rows took fresh memory at every call (a warm
-    ``roofcal fit``: 563,000 page faults, 227,000 in blocks; docs/limits.md#fit-speed)."""
-    size = op_rows(n)
-    total = -(-max(n, 1) // size) * size
-    grown = jax.tree_util.tree_map(
-        lambda a: np.pad(np.asarray(a), [(0, total - n)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=fill), tree)
-    parts = [fn(jax.tree_util.tree_map(lambda a: a[i:i + size], grown)) for i in range(0, total, size)]
-    return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n], *parts)
 
 
 def _op_times(p: dict, z, tc, tm, res) -> np.ndarray:

@@ -6,6 +6,7 @@ The shape columns of each kind (:data:`SHAPE_COLUMNS`) are tabulated, with the m
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -13,6 +14,8 @@ import pandas as pd
 from roofcal.errors import RoofcalError
 from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS
+from roofcal.physics.hardware.datasheet import PER_US
+from roofcal.programs import stored
 
 SHAPE_COLUMNS = {
     "gemm": ("m", "n", "k"),
@@ -62,9 +65,69 @@ def row_work(op: str, dtype: str, cols: dict, max_experts: int = MAX_EXPERTS) ->
         return C.collective(op, f["num_gpus"], f["bytes"])
     if op == "moe":
         return C.moe(f["tokens"], f["hidden"], f["inter"], f["topk"], f["experts"], f["tp"],
-                     f["ep"], BYTES[dtype], 2.0, 3.0, f.get("skew", 0.0 * f["tokens"]),
+                     f["ep"], BYTES[dtype], 2.0, 3.0, f["skew"] if "skew" in f else 0.0,
                      max_experts)
     raise RoofcalError(f"unknown op {op!r}")
+
+
+#: rows of one call of a row-wise program over a kernel group: a group of up to the first is
+#: computed padded to it, a larger one in blocks of the second (:func:`in_blocks`)
+OP_ROW_SIZES = (256, 4_096)
+
+
+def op_rows(n: int) -> int:
+    """Rows of one call of a row-wise program (ideal times, features, a kernel's time) over a
+    kernel group of ``n`` rows: 256 up to 256 rows, else 4,096, a block of :func:`in_blocks`.
+    Every group of a kind shares the one program of each size (≈ 0.14–0.4 s each to compile)."""
+    return OP_ROW_SIZES[0] if n <= OP_ROW_SIZES[0] else OP_ROW_SIZES[1]
+
+
+def in_blocks(fn, n: int, tree, fill: float = 1.0):
+    """``fn(tree)`` for a pytree of arrays of ``n`` rows (leading axis) and a row-wise ``fn``,
+    computed in blocks of :func:`op_rows` rows (the last padded with ``fill``) and put back
+    together as NumPy arrays of ``n`` rows. A row's value does not depend on the rows around it,
+    only on its block's size, 256 or 4,096 (XLA's code for another row count may round a row's
+    last bit otherwise: 2 of the H100 tables' 262,992 ideal memory times at 2,048 against 4,096).
+    Blocks keep the temporaries small and reused (the MoE routing sums: 4,096 rows × 512
+    experts); whole groups of up to 65,536 rows took fresh memory at every call (a warm
+    ``roofcal fit``: 563,000 page faults, 227,000 in blocks; docs/limits.md#fit-speed)."""
+    size = op_rows(n)
+    total = -(-max(n, 1) // size) * size
+    grown = jax.tree_util.tree_map(
+        lambda a: np.pad(np.asarray(a), [(0, total - n)] + [(0, 0)] * (np.ndim(a) - 1), constant_values=fill), tree)
+    parts = [fn(jax.tree_util.tree_map(lambda a: a[i:i + size], grown)) for i in range(0, total, size)]
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate([np.asarray(x) for x in xs])[:n], *parts)
+
+
+def fastest_peak(gpu) -> float:
+    """FLOP/µs: the fastest dense tensor peak of ``gpu`` (a :class:`GPUSpec`) in any dtype it
+    has: no kernel computes its FLOPs faster, whatever it runs them in."""
+    return max(getattr(gpu, f) * PER_US[f] for f in ("bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops"))
+
+
+@stored(static_argnames=("op",))
+def _row_flops(op: str, cols: dict):
+    """(N,) FLOPs of rows of kind ``op`` at balanced routing (:func:`row_work`), in one compiled
+    call; a row's FLOPs do not depend on its dtype (only its bytes do), so every variant of a
+    kind shares the program."""
+    return row_work(op, "bf16", cols).flops
+
+
+def faster_than_peak(gpu, df: pd.DataFrame) -> pd.Series:
+    """(N,) bool per row of a per-op table: measured in less time than its FLOPs (:func:`row_work`)
+    take at ``gpu``'s :func:`fastest_peak` (µs = FLOP / (FLOP/µs)), so the kernel timed did less
+    work than the row's shape states; the link kinds (no FLOPs) never. A MoE row's FLOPs are
+    taken at balanced routing, the fewest its busiest GPU computes whatever the skew (and no
+    power-law sums to run)."""
+    out = np.zeros(len(df), bool)
+    peak = fastest_peak(gpu)
+    for _, op, dt, idx in groups(df):
+        if op in DTYPE_FREE:
+            continue
+        cols = {c: df[c].to_numpy(np.float32)[idx] for c in SHAPE_COLUMNS[op] if c in df.columns}
+        flops = in_blocks(lambda c: _row_flops(op, c), len(idx), cols)
+        out[idx] = df["latency_us"].to_numpy(np.float64)[idx] < flops / peak
+    return pd.Series(out, index=df.index)
 
 
 def groups(df: pd.DataFrame):

@@ -152,3 +152,39 @@ def test_fa4_rows_at_the_head_dims_models_use_are_read(tmp_path):
     raw.to_parquet(path)
     df = read_ops(path)
     assert len(df) == 290 and df.attrs["left_out"] == {"attention at head dim 512 (no mapped model runs it)": 10}
+
+
+def test_a_row_faster_than_the_fastest_tensor_peak_is_left_out_and_counted(tmp_path):
+    """A bf16 GEMM m = n = k = 4,096 is 2·4,096³ = 137.4 GFLOP; the H100's fastest dense peak is
+    its FP8 one, 1,979 TFLOPS = 1.979e9 FLOP/µs, so no kernel computes it in under 69.4 µs. A row
+    at 50 µs is left out with its kind and count; at 100 µs (bf16 peak: 139 µs, not reached
+    either, but FP8 could) it is kept. A table read by GPU name alone is not checked."""
+    from roofcal.physics.kernels import fastest_peak
+    h100 = load_gpu("h100_sxm")
+    assert fastest_peak(h100) == pytest.approx(1.979e9, rel=1e-3)
+    rows = pd.DataFrame({"gpu": "h100_sxm", "op": "gemm", "dtype": "bf16", "m": 4096, "n": 4096,
+                         "k": 4096, "latency_us": [50.0, 100.0, 200.0]})
+    rows.to_csv(tmp_path / "g.csv", index=False)
+    m = datasets.load([tmp_path / "g.csv"], gpu=h100)
+    assert m.ops["latency_us"].tolist() == [100.0, 200.0]
+    assert m.left_out == {"gemm/bf16 faster than the GPU's fastest tensor peak allows": 1}
+    assert len(datasets.load([tmp_path / "g.csv"], gpu="h100_sxm").ops) == 3
+
+
+@needs_l40s
+@pytest.mark.slow
+def test_the_l40s_fp8_kv_prefill_rows_that_beat_its_fp8_peak_are_left_out():
+    """The L40S's vLLM 0.14 FP8-KV prefill table (FlashInfer) times hundreds of shapes in less
+    than their FLOPs take at its FP8 peak (733 TFLOPS): at 64 heads over 1 KV head, 16,384 tokens
+    (4.4 TFLOP causal, ≥ 6.0 ms at that peak) it measures 0.92 ms, against 27.2 ms in bf16. Those
+    rows, and no row of the bundled A100 and H100 tables, are left out."""
+    l40s = load_gpu("l40s")
+    m = datasets.load([L40S / "vllm-0.14.0" / "context_attention_perf.parquet"], gpu=l40s)
+    n = m.left_out["attn_prefill/fp8 faster than the GPU's fastest tensor peak allows"]
+    assert 700 < n < 900
+    assert len(m.left_out) == 1                          # no bf16 row, no other reason
+    assert not ((m.ops["dtype"] == "fp8") & (m.ops["heads"] == 64) & (m.ops["kv_heads"] == 1)
+                & (m.ops["seq"] == 16384) & (m.ops["batch"] == 1)).any()
+    for gpu in ("a100_sxm", "h100_sxm"):
+        left = datasets.load(datasets.bundled_paths(gpu), gpu=load_gpu(gpu)).left_out
+        assert not any("peak" in k for k in left), gpu
