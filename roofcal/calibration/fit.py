@@ -49,8 +49,8 @@ from roofcal.calibration.loss import prior_penalty
 from roofcal.metrics import error_summary, log_ratio_sq, split_groups
 from roofcal.model.combine import (NON_COMPONENT, combine, combined, kernel_breakdown,
                                    overhead_counts, step_breakdown)
-from roofcal.physics.kernels import groups
-from roofcal.model.predict import IdealTimes, ideal_times, in_blocks, predict_table
+from roofcal.physics.kernels import groups, in_blocks
+from roofcal.model.predict import IdealTimes, ideal_times, predict_table
 from roofcal.calibration.optim import lbfgs, minimize
 from roofcal.physics.steps import step_totals
 

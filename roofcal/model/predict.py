@@ -24,8 +24,8 @@ from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS, experts_bound
 from roofcal.physics.config import Parallel, check_tp, load_model, served
 from roofcal.physics.hardware import GPUSpec, load_gpu
-from roofcal.physics.kernels import (DTYPE_FREE, OP_ROW_SIZES, OPTIONAL_COLUMNS, SHAPE_COLUMNS,  # noqa: F401
-                                     groups, in_blocks, op_rows, row_work)
+from roofcal.physics.kernels import (DTYPE_FREE, OPTIONAL_COLUMNS, SHAPE_COLUMNS, groups, in_blocks,
+                                     row_work)
 from roofcal.physics.decompose import step_ops
 from roofcal.physics.steps import Step, batch_steps, given_by, group_by_deployment, read_steps
 from roofcal.programs import stored

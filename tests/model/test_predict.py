@@ -243,7 +243,8 @@ def test_kernel_groups_run_in_blocks_of_one_program_and_keep_their_values(monkey
     from roofcal.model import coeffs as C
     from roofcal.model import correction as K
     from roofcal.model import curves
-    from roofcal.model.predict import ideal_times, op_rows, predict_table
+    from roofcal.model.predict import ideal_times, predict_table
+    from roofcal.physics.kernels import op_rows
     assert [op_rows(n) for n in (1, 256, 257, 1024, 5000, 16_385, 65_537)] == \
         [256, 256, 4_096, 4_096, 4_096, 4_096, 4_096]
     c = C.load("coeffs/a100_sxm.yaml")
