@@ -72,6 +72,18 @@ def _names(gpu) -> set[str]:
     return {gpu_key(n) for n in names}
 
 
+def _datasheet(gpu):
+    """``gpu``'s datasheet: itself when a :class:`GPUSpec`, the named one when a name resolves
+    (:func:`~roofcal.physics.hardware.load_gpu`), else None (no peaks known)."""
+    if not isinstance(gpu, str):
+        return gpu
+    from roofcal.physics.hardware import load_gpu
+    try:
+        return load_gpu(gpu)
+    except RoofcalError:
+        return None
+
+
 def _within_peak(ops: pd.DataFrame, gpu, left: dict) -> pd.DataFrame:
     """``ops`` without the rows timed faster than ``gpu``'s fastest tensor peak computes their
     FLOPs (:func:`roofcal.physics.kernels.faster_than_peak`), counted in ``left`` per kind/variant:
@@ -90,9 +102,9 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
 
     ``gpu``: a datasheet name or a :class:`~roofcal.physics.hardware.GPUSpec`. Per-op rows for
     another GPU are refused (one fit is for one GPU); rows named by one of the datasheet's aliases
-    (the name nvidia-smi reports, as a collector writes it) are this GPU's. With a
-    :class:`GPUSpec`, rows timed faster than its fastest tensor peak computes their FLOPs are
-    left out and counted (:func:`_within_peak`).
+    (the name nvidia-smi reports, as a collector writes it) are this GPU's. Where the datasheet
+    is known (a :class:`GPUSpec`, or a name that resolves to one), rows timed faster than its
+    fastest tensor peak computes their FLOPs are left out and counted (:func:`_within_peak`).
     """
     m = Measurements()
     frames, unknown = [], {}
@@ -134,8 +146,9 @@ def load(paths, gpu=None, model=None, tp=None) -> Measurements:
                                    f"name the table carries as one of the datasheet's aliases)")
             if any(g != name for g in seen):
                 m.ops["gpu"] = name
-            if not isinstance(gpu, str):
-                m.ops = _within_peak(m.ops, gpu, m.left_out)
+            spec = _datasheet(gpu)
+            if spec is not None:
+                m.ops = _within_peak(m.ops, spec, m.left_out)
         for d in m.steps:
             if d.gpu != name:
                 raise RoofcalError(f"{d.source}: steps are for GPU '{d.gpu}', not '{name}'")
