@@ -12,7 +12,8 @@ kernel kind/variant beside the neutral roofline:
   per kernel (:func:`roofcal.bench.transfer.learning_curve`, 20 % held out, seed 0).
 
 Every GPU is fitted here on its vLLM 0.14.0 and NCCL tables as ``roofcal fit`` would (seed 0,
-20 % held out): the A100's and H100's bundled tables, the L40S's in
+20 % held out; rows timed faster than the GPU's fastest tensor peak left out as they are read,
+:func:`roofcal.measurements.datasets.load`): the A100's and H100's bundled tables, the L40S's in
 ``../shared/data/microbench/l40s`` (Apache-2.0, not bundled). Without those the benchmark covers
 the A100 and H100 alone.
 
