@@ -73,10 +73,8 @@ def _names(gpu) -> set[str]:
 
 
 def _datasheet(gpu):
-    """``gpu``'s datasheet: itself when a :class:`GPUSpec`, the named one when a name resolves
-    (:func:`~roofcal.physics.hardware.load_gpu`), else None (no peaks known)."""
-    if not isinstance(gpu, str):
-        return gpu
+    """``gpu``'s datasheet (:func:`~roofcal.physics.hardware.load_gpu`: a :class:`GPUSpec` as it
+    is, a name resolved), else None (a name no datasheet answers to: no peaks known)."""
     from roofcal.physics.hardware import load_gpu
     try:
         return load_gpu(gpu)

@@ -14,7 +14,7 @@ import pandas as pd
 from roofcal.errors import RoofcalError
 from roofcal.physics import components as C
 from roofcal.physics.components.moe import MAX_EXPERTS
-from roofcal.physics.hardware.datasheet import PER_US
+from roofcal.physics.hardware.datasheet import PEAK_FIELD, PER_US
 from roofcal.programs import stored
 
 SHAPE_COLUMNS = {
@@ -102,7 +102,7 @@ def in_blocks(fn, n: int, tree, fill: float = 1.0):
 def fastest_peak(gpu) -> float:
     """FLOP/µs: the fastest dense tensor peak of ``gpu`` (a :class:`GPUSpec`) in any dtype it
     has: no kernel computes its FLOPs faster, whatever it runs them in."""
-    return max(getattr(gpu, f) * PER_US[f] for f in ("bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops"))
+    return max(getattr(gpu, f) * PER_US[f] for f in set(PEAK_FIELD.values()))
 
 
 @stored(static_argnames=("op",))
