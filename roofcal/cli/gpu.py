@@ -61,7 +61,8 @@ def list_text() -> str:
 #: GPUSpec field → the datasheet key of :data:`~roofcal.physics.hardware.datasheet.OMITTED` that
 #: says what its absence (0) means
 ABSENT_KEY = {"fp16_tflops": "dense_tflops.fp16", "fp8_tflops": "dense_tflops.fp8",
-              "int8_tops": "dense_tflops.int8", "power_limit_w": "power_limit_w",
+              "int8_tops": "dense_tflops.int8", "fp4_tflops": "dense_tflops.fp4",
+              "power_limit_w": "power_limit_w",
               "boost_clock_mhz": "boost_clock_mhz"}
 
 

@@ -226,6 +226,7 @@ def describe(phases: pd.DataFrame) -> list[str]:
     """One sentence per phase, e.g. ``decode (32 steps): 0.92 bandwidth-bound, ...``."""
     names = {"hbm_bandwidth_tbs": "bandwidth-bound", "bf16_tflops": "BF16-compute-bound",
              "fp8_tflops": "FP8-compute-bound", "int8_tops": "INT8-compute-bound",
+             "fp4_tflops": "FP4-compute-bound",
              "interconnect_bandwidth_gbs": "interconnect-bound"}
     out = []
     for _, r in phases.iterrows():

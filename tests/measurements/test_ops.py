@@ -169,6 +169,8 @@ def test_a_row_faster_than_the_fastest_tensor_peak_is_left_out_and_counted(tmp_p
     assert m.ops["latency_us"].tolist() == [100.0, 200.0]
     assert m.left_out == {"gemm/bf16 faster than the GPU's fastest tensor peak allows": 1}
     assert datasets.load([tmp_path / "g.csv"], gpu="h100_sxm").left_out == m.left_out
+    # a GPU with FP4 tensor cores: its FP4 peak bounds every kernel (B200: 9,000 TFLOPS dense)
+    assert fastest_peak(load_gpu("b200")) == pytest.approx(9.0e9)
 
 
 @needs_l40s

@@ -37,7 +37,10 @@ def test_aliases_including_blis_names():
 
 
 def _sheet(**over):
+    """The L40S's bundled datasheet as a mapping, every optional field given (its FP4 peak as 0:
+    Ada has no FP4 tensor cores; the bundled file leaves it out, as bundled files may)."""
     d = yaml_load(open("roofcal/physics/hardware/l40s.yaml").read())
+    d["dense_tflops"] = {**d["dense_tflops"], "fp4": 0}
     d.update(over)
     return d
 
@@ -46,6 +49,23 @@ def test_blis_l40s_sparse_fp8_is_refused():
     # BLIS's hardware_config.json gives L40S TFlopsFP8 = 1466 next to a dense BF16 of 362.05
     with pytest.raises(RoofcalError, match=r"dense_tflops.fp8.*4.0x the BF16 peak.*sparsity"):
         parse_datasheet(_sheet(dense_tflops={"bf16": 362.05, "fp8": 1466.0}), "l40s.yaml")
+
+
+def test_fp4_peak_b200_by_hand_sparse_refused_and_hashed_only_where_given():
+    """The B200's dense FP4 peak: NVIDIA's 18 PFLOPS per GPU is with sparsity, so 9,000 TFLOP/s
+    dense, four times its BF16 (2,250). A figure above four times BF16 is a sparse one; a GPU
+    without FP4 hashes as it did before the field (every coefficient file's datasheet hash holds)."""
+    b200 = load_gpu("b200")
+    assert b200.fp4_tflops == 9000.0 == 4 * b200.bf16_tflops
+    assert b200.peak_flops_per_us("fp4") == 9.0e9                      # 9,000e12 FLOP/s = 9e9 /µs
+    assert all(g.fp4_tflops == 0.0 for g in bundled_gpus() if g.name != "b200")
+    with pytest.raises(RoofcalError, match=r"dense_tflops.fp4'=18000 is 8.0x the BF16 peak.*sparsity"):
+        parse_datasheet(_sheet(dense_tflops={"bf16": 2250.0, "fp4": 18000.0}), "b.yaml")
+    h100 = load_gpu("h100_sxm")
+    assert "fp4_tflops" not in h100.canonical()
+    assert h100.sha256() == h100.replace(fp4_tflops=0.0).sha256() != h100.replace(fp4_tflops=3957.8).sha256()
+    from roofcal.model import coeffs
+    assert coeffs.load("coeffs/h100_sxm.yaml").datasheet_sha256 == h100.sha256()
 
 
 def test_sparsity_keys_refused():
@@ -122,7 +142,7 @@ def test_datasheet_template_is_the_inverse_of_the_parser(spec, tmp_path):
     raw = yaml_load(open(f"roofcal/physics/hardware/{spec.name}.yaml").read())
     mine = datasheet_dict(spec)
     assert {k: v for k, v in mine["dense_tflops"].items() if k != "fp16"} == \
-        {"fp8": 0.0, "int8": 0.0} | {k: float(v) for k, v in raw["dense_tflops"].items()
+        {"fp8": 0.0, "int8": 0.0, "fp4": 0.0} | {k: float(v) for k, v in raw["dense_tflops"].items()
                                      if k != "fp16" and v is not None}
     assert set(mine) - {"display_name", "aliases"} == set(raw) - {"display_name", "aliases", "notes"}
 
@@ -198,8 +218,8 @@ def test_template_of_a_new_gpu_has_its_name_empty_sources_and_parses_once_filled
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     # the optional fields still blank, one warning each (fp8 and memory_kind were given)
     assert [w.split("'")[1] for w in _warnings_of(path)] == [
-        "aliases", "dense_tflops.fp16", "dense_tflops.int8", "power_limit_w", "boost_clock_mhz",
-        "l2_cache_mib", "compute_capability"]
+        "aliases", "dense_tflops.fp16", "dense_tflops.int8", "dense_tflops.fp4", "power_limit_w",
+        "boost_clock_mhz", "l2_cache_mib", "compute_capability"]
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -229,7 +249,7 @@ def _warnings_of(path) -> list[str]:
 
 
 @pytest.mark.parametrize("key", ["aliases", "dense_tflops.fp16", "dense_tflops.fp8", "dense_tflops.int8",
-                                 "power_limit_w", "boost_clock_mhz", "l2_cache_mib", "memory_kind",
+                                 "dense_tflops.fp4", "power_limit_w", "boost_clock_mhz", "l2_cache_mib", "memory_kind",
                                  "compute_capability"])
 def test_each_optional_field_left_out_is_one_warning_naming_it_and_its_default(key, tmp_path):
     from roofcal.physics.hardware.datasheet import OMITTED
@@ -256,8 +276,8 @@ def test_what_an_absent_figure_warns_of_by_hand(tmp_path):
         "prediction's clock is known only as a share of the maximum (compute_scale; its sm_clock_mhz "
         "column is NaN), and a bootstrap scales the warm-L2 saving by SM counts alone"]
     # an FP8 peak of 0 says "no FP8 tensor cores": the same GPU as leaving it out, without the warning
-    none = {**_sheet(), "dense_tflops": {"bf16": 312.0, "int8": 624.0, "fp8": 0}}
-    left = {**_sheet(), "dense_tflops": {"bf16": 312.0, "int8": 624.0}}
+    none = {**_sheet(), "dense_tflops": {"bf16": 312.0, "int8": 624.0, "fp8": 0, "fp4": 0}}
+    left = {**_sheet(), "dense_tflops": {"bf16": 312.0, "int8": 624.0, "fp4": 0}}
     assert parse_datasheet(none, "x.yaml") == parse_datasheet(left, "x.yaml")
     assert parse_datasheet(none, "x.yaml").fp8_tflops == 0.0
     assert [w.split("'")[1] for w in _warnings_of(_written(tmp_path, none))] == ["dense_tflops.fp16"]

@@ -120,7 +120,7 @@ def test_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "what-if: hbm_bandwidth_tbs=4.8, sm_count=100, bf16_tflops=1200" in text
     assert "bandwidth-bound" in text and "| phase   | bf16_tflops | hbm_bandwidth_tbs |" in text
-    assert "elasticity 0 in every phase: fp16_tflops, fp8_tflops, int8_tops, hbm_capacity_gib" in text
+    assert "elasticity 0 in every phase: fp16_tflops, fp8_tflops, int8_tops, fp4_tflops, hbm_capacity_gib" in text
     first = out.read_bytes()
     assert main(args) == 0 and out.read_bytes() == first          # deterministic
     capsys.readouterr()

@@ -11,6 +11,7 @@ field                           meaning and unit                                
 ``sources``                     list of citations for the figures                                                yes
 ``dense_tflops.bf16``           dense BF16 tensor-core peak, 1e12 FLOP/s (FP32 accumulate where two given)       yes
 ``dense_tflops.fp16/fp8/int8``  dense peaks of other input types, likewise (int8: 1e12 op/s; fp8, int8 0: none)  no
+``dense_tflops.fp4``            dense FP4 peak (NVFP4, MXFP4 inputs), 1e12 FLOP/s; 0: no FP4 tensor cores        no
 ``hbm_bandwidth_tbs``           device-memory bandwidth, HBM or GDDR alike, 1e12 bytes/s (TB/s)                  yes
 ``hbm_capacity_gib``            device memory, GiB = 2^30 bytes (a vendor's "80 GB" of HBM: 80)                  yes
 ``interconnect``                link kind, a label (nvlink4, pcie5, ...)                                         yes
@@ -54,8 +55,16 @@ served step is priced on a cold L2, so no step prediction or export depends on t
 they are not part of :meth:`GPUSpec.sha256` (a file fitted before them still matches); the memory
 kind picks the zero-shot error a bootstrap quotes (:mod:`roofcal.transfer.expectation`).
 
-Sparsity figures are refused: any key mentioning sparsity, and any low-precision peak above twice
-the BF16 peak (every NVIDIA generation doubles per halving of precision; 4x means a sparse figure).
+Sparsity figures are refused: any key mentioning sparsity, and any 8-bit peak above twice the BF16
+peak or FP4 peak above four times it (every NVIDIA generation doubles per halving of precision; one
+more doubling means a sparse figure).
+
+The FP4 peak (Blackwell's fifth-generation tensor cores: the B200 9,000 TFLOP/s dense, four times
+its BF16) prices no kernel yet: roofcal has no FP4 kernel variant, and a per-op table's NVFP4 rows
+are left out by name and count. It bounds what any kernel on the GPU can compute (a per-op row
+timed faster than the fastest peak is left out, :func:`roofcal.physics.kernels.faster_than_peak`),
+and it is part of :meth:`GPUSpec.sha256` only where the GPU has one, so a datasheet without FP4
+hashes as it did before the field.
 """
 
 from __future__ import annotations
@@ -69,10 +78,10 @@ from roofcal.errors import RoofcalError
 from roofcal.io import read_yaml, sha256_text
 
 SCHEMA = "roofcal-datasheet/1"
-DTYPES = ("bf16", "fp16", "fp8", "int8")
+DTYPES = ("bf16", "fp16", "fp8", "int8", "fp4")
 #: dense peaks a datasheet may give as 0: the GPU has no such tensor cores (the same as leaving
 #: them out, without the warning)
-NONE_AT_ZERO = ("fp8", "int8")
+NONE_AT_ZERO = ("fp8", "int8", "fp4")
 REQUIRED = ("name", "sources", "dense_tflops", "hbm_bandwidth_tbs", "hbm_capacity_gib",
             "interconnect", "interconnect_bandwidth_gbs", "sm_count")
 OPTIONAL = ("schema", "display_name", "aliases", "notes", "power_limit_w", "boost_clock_mhz",
@@ -86,7 +95,7 @@ MEMORY_KINDS = ("hbm2", "hbm2e", "hbm3", "hbm3e", "gddr6", "gddr6x", "gddr7")
 #: datasheet fields a what-if or bootstrap may change, with their units
 NUMERIC_FIELDS = {
     "bf16_tflops": "1e12 FLOP/s", "fp16_tflops": "1e12 FLOP/s", "fp8_tflops": "1e12 FLOP/s",
-    "int8_tops": "1e12 op/s",
+    "int8_tops": "1e12 op/s", "fp4_tflops": "1e12 FLOP/s",
     "hbm_bandwidth_tbs": "1e12 B/s", "interconnect_bandwidth_gbs": "1e9 B/s",
     "hbm_capacity_gib": "GiB", "sm_count": "SMs", "power_limit_w": "W", "boost_clock_mhz": "MHz",
 }
@@ -94,10 +103,12 @@ NUMERIC_FIELDS = {
 UNITS = {**NUMERIC_FIELDS, "l2_cache_mib": "MiB"}
 #: rate field → factor from its unit to FLOP/µs or bytes/µs
 PER_US = {"bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp8_tflops": 1e6, "int8_tops": 1e6,
+          "fp4_tflops": 1e6,
           "hbm_bandwidth_tbs": 1e6, "interconnect_bandwidth_gbs": 1e3}
-#: GEMM input dtypes with a dense peak of their own (any other, e.g. 4-bit W4A16, runs at BF16)
+#: GEMM input dtypes with a dense peak of their own (any other, e.g. 4-bit W4A16, runs at BF16;
+#: no kernel variant is FP4 yet, module docstring)
 PEAK_FIELD = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp8": "fp8_tflops",
-              "fp8_block": "fp8_tflops", "int8": "int8_tops"}
+              "fp8_block": "fp8_tflops", "int8": "int8_tops", "fp4": "fp4_tflops"}
 
 #: every key of a datasheet file (the dense peaks as ``dense_tflops.<dtype>``) → (unit, meaning):
 #: the comment beside it in a written datasheet (:func:`datasheet_yaml`, :func:`template_yaml`)
@@ -113,6 +124,8 @@ FIELD_NOTES = {
     "dense_tflops.fp16": ("1e12 FLOP/s", "dense FP16 peak (TFLOPS)"),
     "dense_tflops.fp8": ("1e12 FLOP/s", "dense FP8 peak (TFLOPS); 0: no FP8 tensor cores"),
     "dense_tflops.int8": ("1e12 op/s", "dense INT8 peak (TOPS); 0: no INT8 tensor cores"),
+    "dense_tflops.fp4": ("1e12 FLOP/s", "dense FP4 peak (TFLOPS), NVFP4 / MXFP4 inputs; 0: no FP4 "
+                                        "tensor cores"),
     "hbm_bandwidth_tbs": ("1e12 B/s", "device-memory bandwidth (TB/s), HBM or GDDR alike: 864 GB/s is 0.864"),
     "hbm_capacity_gib": ("GiB", "device memory, GiB of 2^30 bytes: a vendor's \"80 GB\" of HBM is 80"),
     "interconnect": ("", "link kind, a label (nvlink3, nvlink4, nvlink5, pcie4, pcie5)"),
@@ -142,6 +155,8 @@ OMITTED = {
     "dense_tflops.fp16": ("the BF16 peak", "FP16 GEMMs run at it"),
     "dense_tflops.fp8": ("0 (no FP8 tensor cores)", "FP8 GEMMs run at the BF16 peak"),
     "dense_tflops.int8": ("0 (no INT8 tensor cores)", "INT8 GEMMs run at the BF16 peak"),
+    "dense_tflops.fp4": ("0 (no FP4 tensor cores)", "no kernel is priced in FP4; per-op rows are "
+                         "checked against the fastest of the other peaks"),
     "power_limit_w": ("0 (unknown)", "no power cap is modelled, so a sustained load (predict "
                       "--clock sustained, workload saturation, the BLIS export) runs at the boost "
                       "clock as a burst does"),
@@ -171,6 +186,7 @@ class GPUSpec:
     fp16_tflops: float = 0.0
     fp8_tflops: float = 0.0            # 0 = no FP8 tensor cores
     int8_tops: float = 0.0
+    fp4_tflops: float = 0.0            # 0 = no FP4 tensor cores
     power_limit_w: float = 0.0         # 0 = unknown: no power cap modelled
     boost_clock_mhz: float = 0.0       # 0 = unknown: clocks reported as a fraction of the maximum
     l2_cache_mib: float = 0.0          # 0 = unknown
@@ -210,6 +226,8 @@ class GPUSpec:
         d = asdict(self)
         for k in ("display_name", "sources", "aliases") + POWER_FIELDS + TRANSFER_FIELDS:
             d.pop(k)
+        if not d["fp4_tflops"]:               # no FP4: hashed as before the field (module docstring)
+            d.pop("fp4_tflops")
         return d
 
     def sha256(self) -> str:
@@ -267,7 +285,8 @@ def _check_numbers(spec: GPUSpec, path) -> None:
             raise RoofcalError(f"{path}: field '{key}' must be a positive number (0 or absent: unknown), "
                                f"got {v!r}")
     bf16 = spec.bf16_tflops
-    for key, limit in (("fp16_tflops", 1.05), ("fp8_tflops", 2.05), ("int8_tops", 2.05)):
+    for key, limit in (("fp16_tflops", 1.05), ("fp8_tflops", 2.05), ("int8_tops", 2.05),
+                       ("fp4_tflops", 4.1)):
         v = getattr(spec, key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise RoofcalError(f"{path}: field '{key}' must be a finite number ≥ 0 (0 = no such "
@@ -332,6 +351,7 @@ def parse_datasheet(raw: dict, path: str | Path = "<datasheet>") -> GPUSpec:
         fp16_tflops=float(peaks.get("fp16") or peaks["bf16"]),
         fp8_tflops=float(peaks.get("fp8") or 0.0),
         int8_tops=float(peaks.get("int8") or 0.0),
+        fp4_tflops=float(peaks.get("fp4") or 0.0),
         hbm_bandwidth_tbs=_positive(raw["hbm_bandwidth_tbs"], path, "hbm_bandwidth_tbs"),
         hbm_capacity_gib=_positive(raw["hbm_capacity_gib"], path, "hbm_capacity_gib"),
         interconnect=str(raw["interconnect"]),
