@@ -26,8 +26,10 @@ import pandas as pd
 from roofcal.model import correction as K
 from roofcal.tables import table
 
+#: held-out MAPE targets (%) per kernel kind, and for whole steps; the NCCL collectives of data-
+#: and expert-parallel deployments as the all-reduce
 TARGETS = {"gemm": 5.0, "attn_prefill": 7.0, "attn_decode": 7.0, "allreduce": 7.0, "moe": 10.0,
-           "steps": 10.0}
+           **{c: 7.0 for c in ("allgather", "reducescatter", "alltoall")}, "steps": 10.0}
 SEEDS = 20
 
 
@@ -112,7 +114,8 @@ def per_op_rows(gpu_name: str, coeffs, seeded: dict, alone: dict | None = None) 
                          f"mean of {SEEDS} splits %": (f"{mean_seeds[0]:.2f} ± {mean_seeds[1]:.2f}"
                                                        if mean_seeds else ""),
                          "p90 %": h["p90"], "n held out": h["n"],
-                         "target %": target, "met": "yes" if judged <= target else "no"})
+                         "target %": "" if target is None else target,
+                         "met": "" if target is None else "yes" if judged <= target else "no"})
     return rows
 
 

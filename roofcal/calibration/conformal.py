@@ -17,7 +17,8 @@ import math
 
 import numpy as np
 
-from roofcal.model.intervals import ALL, LEVEL, PHASES, REGIMES, Band
+from roofcal.model import correction as K
+from roofcal.model.intervals import ALL, LEVEL, LINK, PHASES, REGIMES, Band, band_chain
 
 #: fewest held-out rows a stratum needs for a band of its own (else it pools). The band's
 #: expected coverage is (h − l)/(n + 1) ≥ 80 %, coarse for small n: 84.6 % at n = 25 (ranks
@@ -49,7 +50,8 @@ def op_bands(keys, regimes, ratios, level: float = LEVEL, min_rows: int = MIN_RO
     ``keys``: ``kind/variant`` per row, ``regimes``: ``compute``/``memory`` per row, ``ratios``:
     measured / predicted. Every kernel pool and (kernel, regime) with ≥ ``min_rows`` rows gets a
     band (a regime only when the kernel has rows of both); a kind gets a pooled band when one of
-    its kernels lacks one."""
+    its kernels lacks one; and the link kinds' rows pooled give the :data:`LINK` band when a link
+    kernel has neither (the NCCL collectives' 13–25 held-out rows each)."""
     keys, regimes = np.asarray(keys, object), np.asarray(regimes, object)
     ratios = np.asarray(ratios, np.float64)
     out: dict = {}
@@ -71,6 +73,9 @@ def op_bands(keys, regimes, ratios, level: float = LEVEL, min_rows: int = MIN_RO
     for kind in sorted(set(kinds.tolist())):
         if any(k not in out for k in set(keys[kinds == kind].tolist())):
             put(kind, ALL, kinds == kind)
+    link = np.array([k in K.OP_KINDS and K.OP_KINDS[k].link for k in kinds.tolist()], bool)
+    if any(k not in out and k.split("/")[0] not in out for k in set(keys[link].tolist())):
+        put(LINK, ALL, link)
     return out
 
 
@@ -92,9 +97,8 @@ def stratum_of(bands: dict, keys, regimes) -> np.ndarray:
     ``name|stratum`` strings ("" when none)."""
     out = []
     for key, reg in zip(np.asarray(keys, object), np.asarray(regimes, object)):
-        kind = key.split("/")[0]
         hit = ""
-        for name, s in ((key, reg), (key, ALL), (kind, ALL)):
+        for name, s in band_chain(*key.split("/", 1), reg):
             if s in bands.get(name, {}):
                 hit = f"{name}|{s}"
                 break

@@ -1126,7 +1126,7 @@ def op_intervals(pred: pd.DataFrame, test: np.ndarray, settings: FitSettings,
                            f"seed {settings.seed}): measured / predicted",
               "method": f"split conformal, central {IV.LEVEL:.0%}, per kernel and regime "
                         f"(compute / memory by ideal time); strata under {conformal.MIN_ROWS} rows "
-                        "pool per kernel, then per kind"}
+                        "pool per kernel, then per kind, then (communication) over the link kinds"}
     return {"ops": bands, "source": source} if bands else {}
 
 

@@ -44,6 +44,12 @@ ALL = "all"
 #: shapes without one: its held-out rows predicted by the surface alone, the error a shape no
 #: table measured has (vLLM 0.24 MoE bf16 on H100: ×0.94–1.06 with a curve, ×0.86–1.11 without)
 SURFACE = "surface"
+#: the band a communication kind (``link``: the all-reduce, the NCCL collectives) falls back to
+#: where neither its kernel nor its kind has enough held-out rows for one: the held-out rows of
+#: every link kind pooled. An all-gather, reduce-scatter or all-to-all table times 63–126 rows
+#: (13–25 held out), under :data:`~roofcal.calibration.conformal.MIN_ROWS`; NCCL times all of them
+#: and the NCCL all-reduce alike
+LINK = "link"
 #: step phases a stack band can have; a mixed step takes the union of both
 PHASES = ("prefill", "decode")
 #: ``interval_basis`` values: what a step band is made of (see :func:`step_interval`)
@@ -118,13 +124,23 @@ def regime(tc, tm) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # lookup
 
+def band_chain(kind: str, variant: str, reg: str = ALL) -> tuple:
+    """The (name, stratum) pairs a kernel row's band is looked up in, first found first: the
+    (kernel, regime) stratum, the kernel's pooled band, the kind's, and for a link kind the
+    :data:`LINK` pool."""
+    key = K.op_key(kind, variant)
+    link = ((LINK, ALL),) if kind in K.OP_KINDS and K.OP_KINDS[kind].link else ()
+    return ((key, reg), (key, ALL), (kind, ALL)) + link
+
+
 def op_band(bands: dict, kind: str, variant: str, reg: str = ALL, surface: bool = False) -> "Band | None":
-    """The band of a kernel row: the (kernel, regime) stratum, else the kernel's pooled band,
-    else the kind's, else None (no held-out evidence: no interval); with ``surface`` (a shape
-    without a measured curve) the kernel's :data:`SURFACE` band first. ``bands`` maps
-    ``kind/variant`` and ``kind`` to {stratum: Band}."""
-    first = ((K.op_key(kind, variant), SURFACE), (kind, SURFACE)) if surface else ()
-    for key, stratum in first + ((K.op_key(kind, variant), reg), (K.op_key(kind, variant), ALL), (kind, ALL)):
+    """The band of a kernel row (:func:`band_chain`), else None (no held-out evidence: no
+    interval); with ``surface`` (a shape without a measured curve) the :data:`SURFACE` bands of
+    the same chain first. ``bands`` maps ``kind/variant``, ``kind`` and :data:`LINK` to
+    {stratum: Band}."""
+    chain = band_chain(kind, variant, reg)
+    first = tuple((key, SURFACE) for key, s in chain if s == ALL) if surface else ()
+    for key, stratum in first + chain:
         b = bands.get(key, {}).get(stratum)
         if b is not None:
             return b
@@ -291,8 +307,8 @@ def bands_from_dict(d, where: str) -> dict:
     out = {}
     for key, strata in d.items():
         kind = str(key).split("/")[0]
-        if kind not in K.OP_KINDS or str(key).count("/") > 1:
-            raise RoofcalError(f"{where}.{key}' is not a kernel kind or kind/variant")
+        if (kind not in K.OP_KINDS and key != LINK) or str(key).count("/") > 1:
+            raise RoofcalError(f"{where}.{key}' is not a kernel kind, kind/variant or '{LINK}'")
         if not isinstance(strata, dict) or not set(strata) <= {ALL, *REGIMES, SURFACE} or not strata:
             raise RoofcalError(f"{where}.{key}' must map {', '.join((ALL,) + REGIMES + (SURFACE,))} to bands")
         out[str(key)] = {s: Band.from_dict(b, f"{where}.{key}.{s}") for s, b in strata.items()}

@@ -63,6 +63,34 @@ def test_op_bands_strata_and_fallbacks():
     assert b.p10 == pytest.approx(0.9 + 2 * 0.2 / 44) and b.p90 == pytest.approx(0.9 + 27 * 0.2 / 44)
 
 
+def test_link_kinds_without_a_band_pool_over_every_link_kind():
+    """NCCL's all-gather and all-to-all hold out 20 rows each here, too few for a band of their
+    own or of their kind (each kind has one variant); pooled with the all-reduce's 25 rows, the 65
+    link rows give one band: ranks (⌊66 · 0.1⌋, ⌈66 · 0.9⌉) = (6, 60) of the sorted ratios. A
+    GEMM with as few rows gets none, and a link kind with a band of its own keeps it."""
+    keys = np.array(["allgather/nccl"] * 20 + ["alltoall/nccl"] * 20 + ["allreduce/nccl"] * 25
+                    + ["gemm/bf16"] * 20, object)
+    ratios = np.concatenate([1.0 + np.arange(65) / 100.0, np.full(20, 2.0)])   # 1.00 … 1.64
+    bands = conformal.op_bands(keys, np.full(85, "memory", object), ratios, min_rows=30)
+    assert set(bands) == {IV.LINK}
+    b = bands[IV.LINK]["all"]
+    assert (b.p10, b.p90, b.n) == (pytest.approx(1.05), pytest.approx(1.59), 65)
+    assert IV.op_band(bands, "allgather", "nccl") is b and IV.op_band(bands, "allreduce", "custom") is b
+    assert IV.op_band(bands, "gemm", "bf16") is None
+    # with 30 all-reduce rows its own band stands, and the pool still serves the collectives
+    more = np.array(["allgather/nccl"] * 20 + ["alltoall/nccl"] * 20 + ["allreduce/nccl"] * 30, object)
+    bands = conformal.op_bands(more, np.full(70, "memory", object), 1.0 + np.arange(70) / 100.0, min_rows=30)
+    assert bands["allreduce/nccl"]["all"].n == 30 and bands[IV.LINK]["all"].n == 70
+    assert IV.op_band(bands, "allreduce", "nccl") is bands["allreduce/nccl"]["all"]
+    assert conformal.stratum_of(bands, ["alltoall/nccl", "allreduce/nccl"], ["memory"] * 2).tolist() == \
+        ["link|all", "allreduce/nccl|all"]
+    # a file names the pool as it names kinds; another name is refused
+    back = IV.bands_from_dict(IV.bands_to_dict(bands), "c.yaml: field 'intervals.ops")
+    assert back[IV.LINK]["all"].n == 70
+    with pytest.raises(RoofcalError, match="intervals.ops.links' is not a kernel kind, kind/variant or 'link'"):
+        IV.bands_from_dict({"links": IV.bands_to_dict(bands)[IV.LINK]}, "c.yaml: field 'intervals.ops")
+
+
 def test_op_interval_uses_the_row_regime():
     bands = {"gemm/bf16": {"all": IV.Band(0.9, 1.1, 100), "compute": IV.Band(0.8, 1.2, 40)}}
     # row 0 compute-bound (tc ≥ tm), row 1 memory-bound → pooled band
@@ -102,18 +130,24 @@ def test_kernel_step_interval_by_hand():
 def test_shipped_h100_file_has_bands_from_its_heldout_rows():
     c = coeff_io.load(H100_FILE)
     doc = yaml_load(open(H100_FILE).read())
-    # every kernel variant has a band from its held-out rows, or its kind pools (all-reduce
-    # variants hold out 14 / 14 / 25 rows, fewer than 30)
-    for key, m in doc["metrics"]["heldout"].items():
-        if key.startswith("steps/"):
-            continue
-        kind, variant = key.split("/")
-        b = IV.op_band(c.op_bands, kind, variant)
-        assert b is not None and b.p10 < 1.0 < b.p90
-        own = c.op_bands.get(key, {}).get("all")
-        assert own is None or own.n == m["n"]
-        assert (own is None) == (m["n"] < conformal.MIN_ROWS)
-    assert c.op_bands["allreduce"]["all"].n == 14 + 14 + 25
+    # in every kernel set, every kernel has a band from its held-out rows, or its kind pools
+    # (all-reduce variants hold out 14 / 14 / 25 rows, fewer than 30), or, for the NCCL
+    # collectives (25 held-out rows each, their own kinds), the link kinds pool
+    checked = 0
+    for name, ks in doc["kernel_sets"].items():
+        bands = coeff_io.with_kernels(c, name).op_bands
+        for key, m in ks["metrics"]["heldout"].items():
+            kind, variant = key.split("/")
+            b = IV.op_band(bands, kind, variant)
+            assert b is not None and b.p10 < 1.0 < b.p90, (name, key)
+            own = bands.get(key, {}).get("all")
+            assert own is None or own.n == m["n"]
+            assert (own is None) == (m["n"] < conformal.MIN_ROWS)
+            checked += 1
+        assert bands["allreduce"]["all"].n == 14 + 14 + 25
+        assert IV.op_band(bands, "allgather", "nccl") is bands[IV.LINK]["all"]
+        assert bands[IV.LINK]["all"].n == 14 + 14 + 25 + 3 * 25
+    assert checked == 17 + 16                      # vLLM 0.24 has no FP8-block GEMM rows
     # the splitwise stack has phase bands from its 40 + 40 held-out steps; the serving-run
     # stack has none (it was calibrated on serving runs, not steps)
     sw = c.stacks["splitwise"].intervals
