@@ -187,12 +187,12 @@ def markdown(df: pd.DataFrame, index: str | None = None) -> str:
 def report(h100: Coefficients, a100: Coefficients, seed: int = 0) -> list[tuple[str, str]]:
     """(title, Markdown) sections: zero shot both ways (every rule), then the A100 learning curve,
     on the kernel kinds a TP deployment runs (:func:`roofcal.bench.gpus.tp_kinds`)."""
+    from roofcal.bench.gpus import tp_kinds
     from roofcal.model.coeffs import with_kernels
     from roofcal.transfer.bands import common_kernels
     H, A = load_gpu("h100_sxm"), load_gpu("a100_sxm")
     ks = common_kernels(h100, a100)               # one kernel library on both GPUs
     h100, a100 = with_kernels(h100, ks), with_kernels(a100, ks)
-    from roofcal.bench.gpus import tp_kinds       # the kinds of a TP deployment, as leave one GPU out
     a_tab, h_tab = tp_kinds(microbench_table(A.name, ks)), tp_kinds(microbench_table(H.name, ks))
     out = [
         ("Zero-shot transfer: A100 from the H100 fit (per-op MAPE % on all A100 rows)",

@@ -73,7 +73,7 @@ def op_bands(keys, regimes, ratios, level: float = LEVEL, min_rows: int = MIN_RO
     for kind in sorted(set(kinds.tolist())):
         if any(k not in out for k in set(keys[kinds == kind].tolist())):
             put(kind, ALL, kinds == kind)
-    link = np.array([k in K.OP_KINDS and K.OP_KINDS[k].link for k in kinds.tolist()], bool)
+    link = np.isin(kinds, [k for k in set(kinds.tolist()) if k in K.OP_KINDS and K.OP_KINDS[k].link])
     if any(k not in out and k.split("/")[0] not in out for k in set(keys[link].tolist())):
         put(LINK, ALL, link)
     return out
