@@ -24,12 +24,13 @@ import numpy as np
 import pandas as pd
 
 from roofcal.model import correction as K
+from roofcal.physics.components.comm import COLLECTIVES
 from roofcal.tables import table
 
 #: held-out MAPE targets (%) per kernel kind, and for whole steps; the NCCL collectives of data-
 #: and expert-parallel deployments as the all-reduce
 TARGETS = {"gemm": 5.0, "attn_prefill": 7.0, "attn_decode": 7.0, "allreduce": 7.0, "moe": 10.0,
-           **{c: 7.0 for c in ("allgather", "reducescatter", "alltoall")}, "steps": 10.0}
+           **{c: 7.0 for c in COLLECTIVES}, "steps": 10.0}
 SEEDS = 20
 
 

@@ -17,8 +17,7 @@ import math
 
 import numpy as np
 
-from roofcal.model import correction as K
-from roofcal.model.intervals import ALL, LEVEL, LINK, PHASES, REGIMES, Band, band_chain
+from roofcal.model.intervals import ALL, LEVEL, LINK, PHASES, REGIMES, Band, band_chain, is_link
 
 #: fewest held-out rows a stratum needs for a band of its own (else it pools). The band's
 #: expected coverage is (h − l)/(n + 1) ≥ 80 %, coarse for small n: 84.6 % at n = 25 (ranks
@@ -73,7 +72,7 @@ def op_bands(keys, regimes, ratios, level: float = LEVEL, min_rows: int = MIN_RO
     for kind in sorted(set(kinds.tolist())):
         if any(k not in out for k in set(keys[kinds == kind].tolist())):
             put(kind, ALL, kinds == kind)
-    link = np.isin(kinds, [k for k in set(kinds.tolist()) if k in K.OP_KINDS and K.OP_KINDS[k].link])
+    link = np.isin(kinds, [k for k in set(kinds.tolist()) if is_link(k)])
     if any(k not in out and k.split("/")[0] not in out for k in set(keys[link].tolist())):
         put(LINK, ALL, link)
     return out

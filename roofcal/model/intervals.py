@@ -124,12 +124,18 @@ def regime(tc, tm) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # lookup
 
+def is_link(kind: str) -> bool:
+    """Whether kernels of ``kind`` are communication (their bytes cross the GPU link), whose
+    rows may pool into the :data:`LINK` band."""
+    return kind in K.OP_KINDS and K.OP_KINDS[kind].link
+
+
 def band_chain(kind: str, variant: str, reg: str = ALL) -> tuple:
     """The (name, stratum) pairs a kernel row's band is looked up in, first found first: the
     (kernel, regime) stratum, the kernel's pooled band, the kind's, and for a link kind the
     :data:`LINK` pool."""
     key = K.op_key(kind, variant)
-    link = ((LINK, ALL),) if kind in K.OP_KINDS and K.OP_KINDS[kind].link else ()
+    link = ((LINK, ALL),) if is_link(kind) else ()
     return ((key, reg), (key, ALL), (kind, ALL)) + link
 
 

@@ -121,12 +121,13 @@ def faster_than_peak(gpu, df: pd.DataFrame) -> pd.Series:
     power-law sums to run)."""
     out = np.zeros(len(df), bool)
     peak = fastest_peak(gpu)
+    latency = df["latency_us"].to_numpy(np.float64)
     for _, op, dt, idx in groups(df):
         if op in DTYPE_FREE:
             continue
-        cols = {c: df[c].to_numpy(np.float32)[idx] for c in SHAPE_COLUMNS[op] if c in df.columns}
+        cols = {c: df[c].to_numpy()[idx].astype(np.float32) for c in SHAPE_COLUMNS[op] if c in df.columns}
         flops = in_blocks(lambda c: _row_flops(op, c), len(idx), cols)
-        out[idx] = df["latency_us"].to_numpy(np.float64)[idx] < flops / peak
+        out[idx] = latency[idx] < flops / peak
     return pd.Series(out, index=df.index)
 
 
