@@ -464,6 +464,20 @@ CASES = [
     C("gpu-bootstrap-out-unwritable", "gpu", "bootstrap", "--datasheet", "l4", "--from", "coeffs.yaml",
       "--out", f"{PROC}/b.yaml"),
 
+    # ---- gpu plan
+    C("gpu-plan-gpu-unknown", "gpu", "plan", "--gpu", "z100", "--shapes", "ops.csv", "--out", "p.csv",
+      says=r"unknown GPU 'z100'"),
+    C("gpu-plan-rows-0", "gpu", "plan", "--gpu", "l4", "--shapes", "ops.csv", "--rows", "0", "--out", "p.csv",
+      says=r"--rows must be at least 1, got 0"),
+    C("gpu-plan-shapes-missing", "gpu", "plan", "--gpu", "l4", "--shapes", "nope.csv", "--out", "p.csv",
+      says=r"nope.csv: no such file"),
+    C("gpu-plan-shapes-not-per-op", "gpu", "plan", "--gpu", "l4", "--shapes", "table.csv", "--out", "p.csv",
+      says=r"table.csv: missing column 'gpu'"),
+    C("gpu-plan-variant-unknown", "gpu", "plan", "--gpu", "l4", "--shapes", "ops.csv", "--variants", "gemm/fp9",
+      "--out", "p.csv", says=r"--variants: no shapes of gemm/fp9 \(there are: gemm/bf16\)"),
+    C("gpu-plan-out-is-dir", "gpu", "plan", "--gpu", "l4", "--shapes", "ops.csv", "--out", "adir"),
+    C("gpu-plan-out-under-file", "gpu", "plan", "--gpu", "l4", "--shapes", "ops.csv", "--out", "afile/p.csv"),
+
     # ---- gpu transfer-bands (never without --out: the default is a shipped file)
     C("gpu-transfer-bands-h100-missing", "gpu", "transfer-bands", "--h100", "nope.yaml", "--out", "t.yaml"),
     C("gpu-transfer-bands-h100-unknown-top-key", "gpu", "transfer-bands", "--h100", "c_topkey.yaml",

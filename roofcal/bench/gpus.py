@@ -9,7 +9,8 @@ kernel kind/variant beside the neutral roofline:
 * ``geometric mean of the others``: the geometric mean of those single-source predictions, the
   simplest pooling of several GPUs (a benchmark figure: the bootstrap takes one source);
 * few shot: the bootstrap from each source refitted on 30, 100 and 300 of the left-out GPU's rows
-  per kernel (:func:`roofcal.bench.transfer.learning_curve`, 20 % held out, seed 0).
+  per kernel (:func:`roofcal.bench.transfer.learning_curve`, 20 % held out, seed 0), drawn at
+  random and spread over the box of shapes (:mod:`roofcal.transfer.design`, ``gpu plan``).
 
 Every GPU is fitted here on its vLLM 0.14.0 and NCCL tables as ``roofcal fit`` would (seed 0,
 20 % held out; rows timed faster than the GPU's fastest tensor peak left out as they are read,
@@ -107,20 +108,35 @@ def zero_shot(tables: dict, fits: dict) -> pd.DataFrame:
     return df[["left out", "method", "mean", *kinds]]
 
 
-def few_shot(tables: dict, fits: dict, sizes=(30, 100, 300), seed: int = 0) -> pd.DataFrame:
+#: how the few-shot rows are drawn (:func:`roofcal.bench.transfer.draw_rows`)
+DRAWS = ("random", "spread")
+
+
+def few_shot(tables: dict, fits: dict, sizes=(30, 100, 300), seed: int = 0,
+             draws=DRAWS) -> pd.DataFrame:
     """Held-out per-op MAPE (%) of each left-out GPU refitted on ``sizes`` rows per kernel with
-    the bootstrap from each other GPU as prior (:func:`roofcal.bench.transfer.learning_curve`)."""
+    the bootstrap from each other GPU as prior (:func:`roofcal.bench.transfer.learning_curve`),
+    the rows drawn at random and spread over the box of shapes (``roofcal gpu plan``)."""
+    import jax
+
     from roofcal.bench.transfer import learning_curve
     out = []
     for target, tab in tables.items():
         for src, c in fits.items():
             if src == target:
                 continue
-            df = learning_curve(c, load_gpu(src), load_gpu(target), tab, sizes=sizes, seed=seed,
-                                scratch=False)
-            df.insert(0, "left out", target)
-            df.insert(1, "prior", f"bootstrap from {src}")
-            out.append(df.drop(columns=["prior κ"]))
+            for draw in draws:
+                # each refit compiles programs of its own; without this the process runs out of
+                # memory maps (Linux's default 65,530) before the last curve
+                jax.clear_caches()
+                df = learning_curve(c, load_gpu(src), load_gpu(target), tab, sizes=sizes,
+                                    seed=seed, scratch=False, draw=draw)
+                if draw != draws[0]:
+                    df = df[df["rows"] > 0]                 # the zero shot once
+                df.insert(0, "left out", target)
+                df.insert(1, "prior", f"bootstrap from {src}")
+                df.insert(2, "rows drawn", np.where(df["rows"] > 0, draw, "—"))
+                out.append(df.drop(columns=["prior κ"]))
     return pd.concat(out, ignore_index=True)
 
 
@@ -168,7 +184,9 @@ def run(out: str | None = None, few: bool = False, seed: int = 0, expectations: 
         fs = few_shot(tables, fits, seed=seed)
         text += [f"### Leave one GPU out, few shot: held-out per-op MAPE % (20 % of the left-out "
                  f"GPU's rows held out, seed {seed}; refitted on 30 / 100 / 300 rows per kernel "
-                 f"with the bootstrap as prior, as roofcal fit --prior)", "", markdown(fs), ""]
+                 f"with the bootstrap as prior, as roofcal fit --prior; the rows drawn at random "
+                 f"from the rest, or spread over the box of shapes as roofcal gpu plan takes "
+                 f"them)", "", markdown(fs), ""]
     return emit("\n".join(text), out)
 
 

@@ -144,10 +144,25 @@ def refit(table_: pd.DataFrame, rows: dict, prior: Coefficients | None, gpu: GPU
     return {**prior_ops, **fitted}
 
 
+def draw_rows(table_: pd.DataFrame, pool: np.ndarray, n: int, seed: int, draw: str,
+              gpu: GPUSpec) -> dict:
+    """{kind/variant: row indices}: ``n`` rows per kind/variant from ``pool``, drawn at random
+    (``draw`` = ``"random"``, :func:`sample_rows`) or spread over the box of shapes, farthest
+    first (``"spread"``, :func:`roofcal.transfer.design.spread_rows`, as ``roofcal gpu plan``)."""
+    if draw == "random":
+        return sample_rows(table_, pool, n, seed)
+    if draw == "spread":
+        from roofcal.transfer.design import spread_rows
+        return spread_rows(table_, gpu, n, seed, pool)
+    raise ValueError(f"unknown draw {draw!r}")
+
+
 def learning_curve(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
                    table_: pd.DataFrame | None = None, sizes=SIZES, kappas=(FEW_SHOT_KAPPA,),
-                   seed: int = 0, scratch: bool = True, rule: str = DEFAULT_RULE) -> pd.DataFrame:
-    """Held-out per-op MAPE (%) of ``new_gpu`` after zero shot and after refits on ``sizes`` rows.
+                   seed: int = 0, scratch: bool = True, rule: str = DEFAULT_RULE,
+                   draw: str = "random") -> pd.DataFrame:
+    """Held-out per-op MAPE (%) of ``new_gpu`` after zero shot and after refits on ``sizes`` rows
+    (drawn as :func:`draw_rows` ``draw`` says).
 
     Columns: ``rows`` (0 = zero shot), ``kappa`` (NaN for zero shot; ``scratch`` = no prior,
     the default physical one), then one column per kind/variant.
@@ -159,7 +174,7 @@ def learning_curve(ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPUSpec,
     step = {"step": K.neutral_step_params()}
     rows = [{"rows": 0, "prior κ": "zero shot", **per_op_mape(held, prior.params, new_gpu)}]
     for n in sizes:
-        sample = sample_rows(table_, ~test, n, seed + n)
+        sample = draw_rows(table_, ~test, n, seed + n, draw, new_gpu)
         for kappa in kappas:
             ops = refit(table_, sample, prior, new_gpu, kappa)
             label = "/".join(f"{k:g}" for k in kappa) if isinstance(kappa, tuple) else f"{kappa:g}"

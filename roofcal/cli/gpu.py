@@ -1,4 +1,4 @@
-"""``roofcal gpu list|show|template|bootstrap`` and ``roofcal whatif``: GPUs known by their datasheets.
+"""``roofcal gpu list|show|template|bootstrap|plan`` and ``roofcal whatif``: GPUs known by their datasheets.
 
 * ``gpu list``: every bundled datasheet (dense peaks, bandwidths, SMs, balance point) and its
   sources.
@@ -12,6 +12,9 @@
   hint (:func:`roofcal.physics.hardware.datasheet.template_yaml`).
 * ``gpu bootstrap --datasheet NAME|FILE.yaml --from REF.yaml --out NEW.yaml``: zero-shot
   coefficients for a new GPU (:mod:`roofcal.transfer.bootstrap`), marked ``calibrated: false``.
+* ``gpu plan --gpu NAME|FILE.yaml --rows N --out plan.csv``: which shapes to time on a new GPU
+  for a few-shot refit, N per kernel spread over its box of shapes
+  (:func:`roofcal.transfer.design.plan`); a CSV whose ``latency_us`` the user fills in.
 * ``whatif --steps S --set field=value ...``: step times before and after a datasheet change and
   the elasticity of each phase's time to every field (:mod:`roofcal.transfer.whatif`).
 """
@@ -232,9 +235,51 @@ def cmd_gpu_bootstrap(a) -> None:
     for line in lines:
         print(f"  {line}")
     if not lines[-1].startswith("roofcal fit"):
-        print(f"  (no kernels of {c.gpu} are bundled: the refit is roofcal fit --gpu "
-              f"{shlex.quote(gpu_argument(a.datasheet))} --prior {shlex.quote(a.out)} --data and the paths of "
-              "your tables, docs/formats.md#per-op-measurements-csv)")
+        plan = plan_beside(a.out, c.kernels)
+        gpu = shlex.quote(gpu_argument(a.datasheet))
+        print(f"  roofcal gpu plan --gpu {gpu} --out {shlex.quote(plan)}")
+        print(f"  (no kernels of {c.gpu} are bundled: time the planned shapes into its latency_us, or "
+              f"give your own tables, docs/formats.md#per-op-measurements-csv; the refit is roofcal fit "
+              f"--gpu {gpu} --prior {shlex.quote(a.out)} --data {shlex.quote(plan)})")
+
+
+def plan_beside(coeffs, kernels: str) -> str:
+    """Where the bootstrap's hint puts the plan of shapes to time: ``plan.csv`` in a folder named
+    after the file's kernel library, beside the coefficient file (``vllm-0.24.0/plan.csv``), so the
+    refit reads it as that kernel set; beside the file itself if its set has no such name."""
+    from pathlib import Path
+
+    from roofcal.measurements.ops import KERNEL_SET_NAME
+    folder = Path(str(coeffs)).parent
+    if kernels and KERNEL_SET_NAME.fullmatch(kernels):
+        folder = folder / kernels
+    return str(folder / "plan.csv")
+
+
+def cmd_gpu_plan(a) -> None:
+    import shlex
+
+    from roofcal.errors import RoofcalError
+    from roofcal.measurements.ops import kernel_set_of
+    from roofcal.physics.hardware import load_gpu
+    from roofcal.transfer.design import only_variants, plan, read_shapes, write_plan
+    if a.rows < 1:
+        raise RoofcalError(f"gpu plan: --rows must be at least 1, got {a.rows}")
+    gpu = load_gpu(a.gpu)
+    rows = plan(only_variants(read_shapes(a.shapes), a.variants), gpu, a.rows, a.seed)
+    write_plan(rows, a.out)
+    counts = (rows["op"] + "/" + rows["dtype"]).value_counts().sort_index()
+    print(f"wrote {a.out}: {len(rows):,} shapes to time on {gpu.name}, spread over each kernel's box of shapes "
+          f"({', '.join(f'{k} {v}' for k, v in counts.items())})")
+    kset = kernel_set_of(a.out)
+    print(f"read as kernel set {kset} (its folder's name)" if kset else
+          "read as no kernel set: its folder is not named after a kernel library (vllm-0.24.0/), "
+          "so a prior's kernels of a set are not matched to it")
+    name, coeffs = gpu_argument(a.gpu), coeffs_beside(gpu_argument(a.gpu))
+    print("fill latency_us with the measured µs; then the bootstrap and its refit on them:")
+    print(f"  roofcal gpu bootstrap --datasheet {shlex.quote(name)} --from {shlex.quote(reference_coeffs())} "
+          f"--out {shlex.quote(coeffs)}")
+    print(f"  roofcal fit --gpu {shlex.quote(name)} --prior {shlex.quote(coeffs)} --data {shlex.quote(a.out)}")
 
 
 def cmd_gpu_transfer_bands(a) -> None:
@@ -279,7 +324,7 @@ def cmd_whatif(a) -> None:
 
 
 def register(sub) -> None:
-    """Add ``gpu`` (list, show, template, bootstrap, transfer-bands) and ``whatif`` to the ``roofcal`` subcommands."""
+    """Add ``gpu`` (list, show, template, bootstrap, plan, transfer-bands) and ``whatif`` to the ``roofcal`` subcommands."""
     from roofcal.transfer import DEFAULT_RULE, RULES
     g = sub.add_parser("gpu", help="GPU datasheets: list, show, a new GPU's template, bootstrap coefficients")
     gs = g.add_subparsers(dest="gpu_command", required=True)
@@ -311,6 +356,18 @@ def register(sub) -> None:
                         f"roofcal/transfer/bootstrap.py)")
     s.add_argument("--out", required=True, help="coefficient file to write")
     s.set_defaults(func=cmd_gpu_bootstrap, outputs=[("out", "file", "coefficient file (--out)")])
+    s = gs.add_parser("plan", help="which shapes to time on a new GPU for a few-shot refit: N per "
+                                   "kernel, spread over the box of shapes (a CSV to fill in)")
+    s.add_argument("--gpu", required=True, help="the GPU to time them on: bundled name or datasheet .yaml")
+    s.add_argument("--rows", type=int, default=300, help="shapes per kernel kind/variant (default 300)")
+    s.add_argument("--shapes", nargs="+", metavar="D",
+                   help="per-op tables or folders to choose shapes from (default: the bundled H100 "
+                        "tables, the collector's and nccl-tests' sweeps)")
+    s.add_argument("--variants", nargs="+", metavar="KIND/VARIANT",
+                   help="only these kernels, e.g. gemm/bf16 attn_decode/bf16 (default: every one)")
+    s.add_argument("--seed", type=int, default=0, help="chooses each kernel's first shape (default 0)")
+    s.add_argument("--out", required=True, help="CSV to write (per-op interchange columns, latency_us empty)")
+    s.set_defaults(func=cmd_gpu_plan, outputs=[("out", "file", "plan CSV (--out)")])
     from roofcal.resources import TRANSFER_BANDS
     s = gs.add_parser("transfer-bands", help="measure the zero-shot error bands bootstraps carry "
                                              "(H100 <-> A100 fits on the bundled per-op rows)")

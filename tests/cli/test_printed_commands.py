@@ -251,11 +251,15 @@ def test_gpu_hints_name_real_files_and_no_placeholder(tmp_path, capsys, monkeypa
                  "--out", "l4_coeffs.yaml"]) == 0
     text = capsys.readouterr().out
     assert not placeholders(text), placeholders(text)
-    # the step file, then its prediction; no A100 kernels are bundled for the L4: the refit in words
+    # the step file, its prediction; no kernels are bundled for the L4: the shapes to time, then
+    # the refit on them in words
     hints = [ln.strip() for ln in text.splitlines() if re.match(r"\s+(roofcal|printf) ", ln)]
-    assert [h.split()[:2] for h in hints] == [["printf", "'%s\\n'"], ["roofcal", "predict"]], hints
+    assert [h.split()[:3] for h in hints] == [["printf", "'%s\\n'", "'{\"prefill\":"],
+                                              ["roofcal", "predict", "--gpu"], ["roofcal", "gpu", "plan"]], hints
     assert "--steps l4_coeffs-steps.jsonl --out l4_coeffs-pred.csv" in hints[1]
+    assert hints[2] == "roofcal gpu plan --gpu l4 --out vllm-0.14.0/plan.csv"     # the file's kernel set
     assert "no kernels of l4 are bundled" in text
+    assert "roofcal fit --gpu l4 --prior l4_coeffs.yaml --data vllm-0.14.0/plan.csv" in text
 
 
 def probe_run(tmp_path, capsys, monkeypatch) -> str:
