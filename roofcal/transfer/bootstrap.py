@@ -270,7 +270,8 @@ def bootstrap_notes(rule: str, ref: Coefficients, ref_gpu: GPUSpec, new_gpu: GPU
         f"rule '{rule}'; not calibrated on {new_gpu.name}: expect per-op errors as "
         f"{expectation(ref_gpu, new_gpu, load_zero_shot())} (coeffs/zero_shot.yaml); "
         f"a few-shot fit on measured kernels with this file as the prior refines it "
-        f"(roofcal fit --gpu <the datasheet> --prior <this file> --data <kernels>)",
+        f"(roofcal gpu plan --gpu <the datasheet> lists which shapes to time; then roofcal fit "
+        f"--gpu <the datasheet> --prior <this file> --data <kernels>)",
         f"replaced by the {new_gpu.name} datasheet: dense peaks (BF16 {new_gpu.bf16_tflops:g} "
         f"TFLOP/s vs {ref_gpu.bf16_tflops:g}), HBM bandwidth ({new_gpu.hbm_bandwidth_tbs:g} TB/s "
         f"vs {ref_gpu.hbm_bandwidth_tbs:g}) and link bandwidth "
