@@ -20,7 +20,8 @@ the A100 and H100 alone.
 
 ``python -m roofcal.bench.gpus [--out FILE] [--few-shot] [--write-expectations]``: the last
 rewrites ``coeffs/zero_shot.yaml`` (:mod:`roofcal.transfer.expectation`), the measured zero-shot
-error per pair of GPUs that ``gpu bootstrap`` quotes. Deterministic for a given seed.
+error per pair of GPUs that ``gpu bootstrap`` quotes, and its few-shot error on 300 spread rows
+(so it runs the few-shot refits too). Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -140,9 +141,11 @@ def few_shot(tables: dict, fits: dict, sizes=(30, 100, 300), seed: int = 0,
     return pd.concat(out, ignore_index=True)
 
 
-def expectations_doc(zs: pd.DataFrame) -> dict:
+def expectations_doc(zs: pd.DataFrame, fs: pd.DataFrame | None = None) -> dict:
     """The zero-shot document (:data:`roofcal.transfer.expectation.SCHEMA`) of a
-    :func:`zero_shot` table: per (source, left-out GPU) pair, the MAPE per kind/variant."""
+    :func:`zero_shot` table: per (source, left-out GPU) pair, the MAPE per kind/variant; with a
+    :func:`few_shot` table, each pair's mean held-out MAPE refitted on its most rows spread over
+    the box of shapes (``few_shot``: rows, draw, mean)."""
     from roofcal.transfer.expectation import SCHEMA
     pairs = []
     for r in zs.to_dict("records"):
@@ -150,8 +153,16 @@ def expectations_doc(zs: pd.DataFrame) -> dict:
             continue
         src, dst = load_gpu(r["method"][5:]), load_gpu(r["left out"])
         kinds = {k: round(float(v), 1) for k, v in r.items() if "/" in k and np.isfinite(v)}
-        pairs.append({"from": src.name, "to": dst.name, "from_memory": src.memory_kind,
-                      "to_memory": dst.memory_kind, "mean": round(float(r["mean"]), 1), "kinds": kinds})
+        pair = {"from": src.name, "to": dst.name, "from_memory": src.memory_kind,
+                "to_memory": dst.memory_kind, "mean": round(float(r["mean"]), 1), "kinds": kinds}
+        if fs is not None:
+            mine = fs[(fs["left out"] == r["left out"]) & (fs["prior"] == f"bootstrap from {src.name}")
+                      & (fs["rows drawn"] == "spread")]
+            if len(mine):
+                top = mine[mine["rows"] == mine["rows"].max()].iloc[0]
+                pair["few_shot"] = {"rows": int(top["rows"]), "draw": "spread",
+                                    "mean": round(float(top["mean"]), 1)}
+        pairs.append(pair)
     return {"schema": SCHEMA, "kernels": KERNELS, "rule": DEFAULT_RULE,
             "method": "per-op MAPE % on every row of the target GPU's tables, the source GPU "
                       "fitted on all its rows and bootstrapped (python -m roofcal.bench.gpus)",
@@ -173,15 +184,16 @@ def run(out: str | None = None, few: bool = False, seed: int = 0, expectations: 
     tables = {g: tp_kinds(datasets.load(table_paths(g), gpu=load_gpu(g)).ops) for g in gpus}
     fits = {g: fitted(g, tables[g], seed) for g in gpus}
     zs = zero_shot(tables, fits)
+    few = few or expectations              # the file holds each pair's few-shot error too
+    fs = few_shot(tables, fits, seed=seed) if few else None
     if expectations:
         from roofcal.transfer.expectation import DEFAULT_PATH, write
-        write(expectations_doc(zs), DEFAULT_PATH)
+        write(expectations_doc(zs, fs), DEFAULT_PATH)
     text = [f"### Leave one GPU out, zero shot: per-op MAPE % on every row of the left-out GPU "
             f"({KERNELS} and NCCL tables; each other GPU fitted on all its rows and bootstrapped, "
             f"rule '{DEFAULT_RULE}'; 'mean': over the left-out GPU's kinds/variants)", "",
             markdown(zs), ""]
     if few:
-        fs = few_shot(tables, fits, seed=seed)
         text += [f"### Leave one GPU out, few shot: held-out per-op MAPE % (20 % of the left-out "
                  f"GPU's rows held out, seed {seed}; refitted on 30 / 100 / 300 rows per kernel "
                  f"with the bootstrap as prior, as roofcal fit --prior; the rows drawn at random "
@@ -196,7 +208,8 @@ def main(argv=None) -> None:
     ap.add_argument("--few-shot", action="store_true", help="also the few-shot refits (minutes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write-expectations", action="store_true",
-                    help="rewrite coeffs/zero_shot.yaml, the errors gpu bootstrap quotes")
+                    help="rewrite coeffs/zero_shot.yaml, the errors gpu bootstrap quotes "
+                         "(runs the few-shot refits too)")
     a = ap.parse_args(argv)
     run(a.out, a.few_shot, a.seed, a.write_expectations)
 

@@ -2,10 +2,12 @@
 
 ``coeffs/zero_shot.yaml`` holds, for every pair of GPUs with per-op tables of one kernel library,
 the per-op MAPE (%) per kernel kind/variant of the target's rows predicted by the source's fit
-bootstrapped to it (written by ``python -m roofcal.bench.gpus --write-expectations``). A bootstrap
+bootstrapped to it, and (``few_shot``) the mean held-out MAPE after refitting that bootstrap on
+300 of the target's rows per kernel spread as ``roofcal gpu plan`` takes them (written by
+``python -m roofcal.bench.gpus --write-expectations``). A bootstrap
 quotes the pairs whose memory families match its own (HBM to HBM, HBM to GDDR, …): measured,
 the family is what separates a small transfer error from a large one (A100 ↔ H100 22–32 % mean
-over kinds; from either to the GDDR6, PCIe L40S 62–66 %).
+over kinds; from either to the GDDR6, PCIe L40S 52–55 %).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ def load(path=DEFAULT_PATH) -> list[dict]:
             isinstance(p, dict) and isinstance(p.get("kinds"), dict) and p.get("kinds")
             and isinstance(p.get("mean"), (int, float)) for p in pairs):
         raise RoofcalError(f"{path}: field 'pairs' must list {{from, to, mean, kinds}} mappings")
+    for p in pairs:
+        few = p.get("few_shot")
+        if few is not None and not (isinstance(few, dict) and isinstance(few.get("rows"), int)
+                                    and isinstance(few.get("mean"), (int, float))):
+            raise RoofcalError(f"{path}: field 'few_shot' of pair {p.get('from')} → {p.get('to')} "
+                               f"must be a {{rows, draw, mean}} mapping")
     return pairs
 
 
@@ -59,5 +67,11 @@ def expectation(ref_gpu, new_gpu, pairs: list[dict]) -> str:
     means = [p["mean"] for p in chosen]
     what = f"from {want[0].upper()} to {want[1].upper()} memory" if matched else "between any two measured GPUs"
     names = ", ".join(f"{p['from']} → {p['to']}" for p in chosen)
-    return (f"measured zero shot {what} ({names}): {min(means):.0f}–{max(means):.0f} % per-op "
-            f"MAPE on the mean over kernel kinds, {min(kinds):.0f}–{max(kinds):.0f} % per kind")
+    out = (f"measured zero shot {what} ({names}): {min(means):.0f}–{max(means):.0f} % per-op "
+           f"MAPE on the mean over kernel kinds, {min(kinds):.0f}–{max(kinds):.0f} % per kind")
+    few = [p["few_shot"] for p in chosen if "few_shot" in p]
+    if few and len(few) == len(chosen) and len({f["rows"] for f in few}) == 1:
+        lo, hi = min(f["mean"] for f in few), max(f["mean"] for f in few)
+        out += (f"; refitted on {few[0]['rows']} shapes a kernel spread by roofcal gpu plan, "
+                f"{lo:.1f}–{hi:.1f} % held out")
+    return out

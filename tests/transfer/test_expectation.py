@@ -33,10 +33,24 @@ def test_the_pairs_of_the_same_memory_families_are_quoted():
     assert E.memory_family("gddr6x") == "gddr" and E.memory_family("") == "unknown"
 
 
+def test_the_few_shot_error_is_quoted_where_every_chosen_pair_has_it():
+    h100, h200 = load_gpu("h100_sxm"), load_gpu("h200_sxm")
+    few = [{**PAIRS[0], "few_shot": {"rows": 300, "draw": "spread", "mean": 6.9}},
+           {**PAIRS[1], "few_shot": {"rows": 300, "draw": "spread", "mean": 6.5}}, PAIRS[2]]
+    assert E.expectation(h100, h200, few).endswith(
+        "16–73 % per kind; refitted on 300 shapes a kernel spread by roofcal gpu plan, 6.5–6.9 % held out")
+    # a chosen pair without it: the zero shot alone
+    assert E.expectation(h100, h200, [few[0], PAIRS[1]]).endswith("16–73 % per kind")
+
+
 def test_a_bad_file_is_named(tmp_path):
     p = tmp_path / "z.yaml"
     p.write_text("schema: roofcal-zero-shot/1\npairs: [{from: a, to: b}]\n")
     with pytest.raises(RoofcalError, match="z.yaml: field 'pairs' must list"):
+        E.load(p)
+    p.write_text("schema: roofcal-zero-shot/1\npairs: [{from: a, to: b, mean: 1, kinds: {gemm/bf16: 1},"
+                 " few_shot: {rows: many, mean: 2}}]\n")
+    with pytest.raises(RoofcalError, match="z.yaml: field 'few_shot' of pair a → b must be"):
         E.load(p)
     p.write_text("schema: other\n")
     with pytest.raises(RoofcalError, match="z.yaml: field 'schema' must be 'roofcal-zero-shot/1'"):
@@ -51,10 +65,12 @@ def test_the_shipped_file_is_what_the_benchmark_measures():
               for g in ("a100_sxm", "h100_sxm")}
     fits = {g: gpus.fitted(g, tables[g]) for g in tables}
     zs = gpus.zero_shot({"a100_sxm": tables["a100_sxm"]}, {"h100_sxm": fits["h100_sxm"]})
-    doc = gpus.expectations_doc(zs)
+    fs = gpus.few_shot({"a100_sxm": tables["a100_sxm"]}, {"h100_sxm": fits["h100_sxm"]},
+                       sizes=(300,), draws=("spread",))
+    doc = gpus.expectations_doc(zs, fs)
     (mine,) = doc["pairs"]
     (shipped,) = [p for p in E.load() if (p["from"], p["to"]) == ("h100_sxm", "a100_sxm")]
-    assert mine == shipped
+    assert mine == shipped and shipped["few_shot"] == {"rows": 300, "draw": "spread", "mean": 6.9}
     assert {(p["from"], p["to"]) for p in E.load()} >= {("h100_sxm", "a100_sxm"), ("a100_sxm", "h100_sxm")}
 
 
