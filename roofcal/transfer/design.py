@@ -5,13 +5,15 @@ in the kernel's standardized log-shapes (:func:`roofcal.model.correction.standar
 rows it is given. Rows drawn at random follow a sweep's crowd, and a polynomial is free to swing
 at the edges and corners of the box where few of them sit. Taken farthest first — each next row
 the one farthest from every row already taken, in the standardized shapes — the same number of
-rows covers the box, edges first, then the gaps between.
+rows covers the box, edges first, then the gaps between: no shape of the sweep is farther from
+the rows taken than twice the least that any n of its shapes reach (the greedy k-centre bound,
+T. F. Gonzalez, "Clustering to minimize the maximum intercluster distance", 1985).
 
 Measured leaving one GPU out (:func:`roofcal.bench.transfer.learning_curve`, 300 rows per kernel,
 20 % of the target's rows held out, the bootstrap as prior; mean held-out per-op MAPE over kinds,
 seeds 0 / 1 / 2), random rows against spread rows: A100 from the H100 7.56 / 7.97 / 7.24 % against
-6.92 / 6.98 / 6.00; H100 from the A100 7.86 / 8.57 / 7.56 against 6.48 / 6.41 / 6.39. The shapes
-alone choose; no timing is read.
+6.92 / 6.98 / 6.00; H100 from the A100 7.86 / 8.57 / 7.56 against 6.48 / 6.41 / 6.39; L40S from
+the H100 14.9 / 15.4 / 15.2 against 11.9 / 12.9 / 12.2. The shapes alone choose; no timing is read.
 
 :func:`farthest_first` picks positions; :func:`spread_rows` per kind/variant of a table;
 :func:`plan` the rows of a sweep to time on a GPU (``roofcal gpu plan``).
