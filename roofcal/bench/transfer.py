@@ -5,7 +5,8 @@
   per-op rows, next to the neutral roofline and the GPU's own fit (its surfaces alone: the own
   fit's measured-shape curves pass through its training rows, which are among these).
 * :func:`learning_curve`: per kernel kind/variant of the new GPU, hold out 20 % of the rows
-  (seeded), then refit on 30, 100, 300 and 1000 rows drawn at random (seeded) from the rest with
+  (seeded), then refit on 30, 100, 300 and 1000 rows drawn at random (seeded) or spread over the
+  box of shapes (:func:`draw_rows`, as ``roofcal gpu plan`` takes them) from the rest with
   priors centred on the bootstrapped file (strength κ pseudo-rows), and report held-out MAPE (%).
   Each point is one ``roofcal fit --prior`` of the kernels (its L-BFGS iterations, from the
   bootstrapped values); rows are padded to one size per kind, so every point of a kind reuses one
