@@ -32,11 +32,13 @@ from roofcal.physics.kernels import ALL_SHAPES, groups
 def farthest_first(z: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     """Sorted positions of ``n`` rows of ``z`` (N, D) spread over their box: a seeded random first
     row, then each next the row farthest (Euclidean) from every row taken so far (ties: the first
-    such row). All N positions when N ≤ ``n``. Repeated shapes are taken only once every distinct
-    one is.
+    such row). All N positions when N ≤ ``n``, none when ``n`` < 1. Repeated shapes are taken only
+    once every distinct one is.
 
     Hand check: z = [[0], [1], [2], [10]], n = 2, first row 0 → rows 0 and 3."""
     z = np.asarray(z, np.float64)
+    if n < 1:
+        return np.zeros(0, int)
     if len(z) <= n:
         return np.arange(len(z))
     first = int(np.random.default_rng(seed).integers(len(z)))

@@ -24,6 +24,7 @@ def test_farthest_first_by_hand():
         assert set(got) == expect[first] and list(got) == sorted(got), (seed, got)
     assert list(farthest_first(z, 4, 0)) == [0, 1, 2, 3]
     assert list(farthest_first(z, 9, 0)) == [0, 1, 2, 3]
+    assert list(farthest_first(z, 0, 0)) == []
 
 
 def test_a_repeated_shape_is_taken_once_every_distinct_one_is():
