@@ -118,8 +118,6 @@ def few_shot(tables: dict, fits: dict, sizes=(30, 100, 300), seed: int = 0,
     """Held-out per-op MAPE (%) of each left-out GPU refitted on ``sizes`` rows per kernel with
     the bootstrap from each other GPU as prior (:func:`roofcal.bench.transfer.learning_curve`),
     the rows drawn at random and spread over the box of shapes (``roofcal gpu plan``)."""
-    import jax
-
     from roofcal.bench.transfer import learning_curve
     out = []
     for target, tab in tables.items():
@@ -127,9 +125,6 @@ def few_shot(tables: dict, fits: dict, sizes=(30, 100, 300), seed: int = 0,
             if src == target:
                 continue
             for draw in draws:
-                # each refit compiles programs of its own; without this the process runs out of
-                # memory maps (Linux's default 65,530) before the last curve
-                jax.clear_caches()
                 df = learning_curve(c, load_gpu(src), load_gpu(target), tab, sizes=sizes,
                                     seed=seed, scratch=False, draw=draw)
                 if draw != draws[0]:

@@ -490,6 +490,14 @@ def anchored_objective(objective, p: dict, data: tuple):
     return objective(p, inner) + weight * surface_change(q, center, gram)
 
 
+@functools.cache
+def with_anchor(objective):
+    """:func:`anchored_objective` of ``objective``, one object per objective: the optimiser's
+    compiled programs are keyed by their loss function, so every anchored fit of one kind (and
+    row count) reuses the programs of the first instead of compiling its own."""
+    return functools.partial(anchored_objective, objective)
+
+
 def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | None,
                anchored: bool = False) -> dict:
     """Fit one kernel kind/variant by continuation in the surface degree.
@@ -524,7 +532,7 @@ def fit_kernel(d: KernelData, settings: FitSettings, center: dict, init: dict | 
         anchor = (jax.device_put(box_gram(exps, d.lo, d.hi).astype(np.float32)),
                   {"eff_c": center["eff_c"], "eff_m": center["eff_m"]},
                   jax.device_put(np.float32(anchor_rows(len(order), n) / max(n, 1.0))))
-        objective = functools.partial(anchored_objective, objective)
+        objective = with_anchor(objective)
     for deg in range(start, int(order.max()) + 1):
         mask = jax.device_put((order <= deg).astype(np.float32))
         data = (feats, d.tc, d.tm, d.resident(), d.y, d.train, center, strength, mask)

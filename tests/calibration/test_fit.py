@@ -273,6 +273,28 @@ def test_a_fits_start_and_prior_are_built_without_xla_programs(caplog):
     assert all(isinstance(v, jax.Array) for v in (*p.values(), *c.values()))
 
 
+def test_a_second_anchored_fit_of_a_kind_compiles_nothing(caplog):
+    """A few-shot refit holds its surfaces near the prior's (the surface anchor); the optimiser's
+    programs are keyed by their loss function, so each anchored fit built a loss of its own and
+    compiled its programs again (about 60,000 memory maps over the leave-one-GPU-out benchmark).
+    A second anchored fit of the same kind and row count, toward another centre, compiles none
+    and gives the same as the first where its centre is the same."""
+    from roofcal.calibration import fit as F
+    t = read_ops("data/microbench/h100_sxm/vllm-0.24.0/custom_allreduce_perf.parquet").iloc[:40]
+    d = next(iter(kernel_data(t.reset_index(drop=True), H100, np.zeros(len(t), bool), FAST).values()))
+    settings = replace(FAST, kernel_iters=20)
+    centre = default_prior(d.kind, 3, d)
+    other = {**centre, "eff_c": centre["eff_c"] + 0.5}
+    first = F.fit_kernel(d, settings, centre, None, anchored=True)
+    caplog.clear()
+    with jax.log_compiles(True):
+        F.fit_kernel(d, settings, other, None, anchored=True)
+        again = F.fit_kernel(d, settings, centre, None, anchored=True)
+    assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+    assert all(np.array_equal(np.asarray(first[k]), np.asarray(again[k])) for k in first)
+    assert F.with_anchor(F.kernel_objective) is F.with_anchor(F.kernel_objective)
+
+
 @pytest.mark.slow
 def test_a_surface_fitted_on_fewer_rows_than_terms_keeps_its_higher_degrees_near_the_prior(monkeypatch):
     """``held_by_rows``, hand-checked on MoE's surface (8 descriptors, degree 4: 1, 9, 45, 165 and
